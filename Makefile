@@ -1,0 +1,41 @@
+# ratebucket: PGXS build.  The version is written only in ratebucket.control.
+EXTENSION = ratebucket
+EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(EXTENSION).control)
+
+MODULE_big = ratebucket
+OBJS = \
+	src/admin.o \
+	src/arith.o \
+	src/ratebucket.o \
+	src/status.o \
+	src/storage.o \
+	src/take.o \
+	src/validate.o
+
+DATA = $(wildcard sql/$(EXTENSION)--*.sql)
+
+# pg_regress: inputs in sql/, outputs in expected/.
+REGRESS = setup take configure admin errors privileges
+REGRESS_OPTS = --inputdir=.
+
+# Isolation specs: test/specs/*.spec, outputs in test/expected/.
+ISOLATION = take-last-token ready-nowait configure-take
+ISOLATION_OPTS = --inputdir=test --load-extension=$(EXTENSION)
+
+# TAP tests (need libipc-run-perl): load checks, later crash/standby/dump.
+TAP_TESTS = 1
+PROVE_TESTS = test/t/*.pl
+
+PG_CONFIG ?= pg_config
+
+# Our own code builds warning-free under -Wall -Wextra.  PostgreSQL's headers
+# do not (unused parameters in inline functions), so they are included as
+# system headers, which silences warnings in them and only in them.
+PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) \
+	-DRATEBUCKET_VERSION=\"$(EXTVERSION)\"
+PG_CFLAGS = -Wall -Wextra
+
+EXTRA_CLEAN = output_iso tmp_check tmp_check_iso results regression.diffs regression.out
+
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)

@@ -1,0 +1,35 @@
+/*-------------------------------------------------------------------------
+ *
+ * ratebucket.c
+ *	  Module entry point: PG_MODULE_MAGIC and a thin _PG_init.
+ *
+ * ratebucket needs no shared memory and no background worker, so it does
+ * not need shared_preload_libraries: the library loads on the first call.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "fmgr.h"
+#include "utils/guc.h"
+
+#include "storage.h"
+
+PG_MODULE_MAGIC;
+
+void		_PG_init(void);
+
+/*
+ * _PG_init
+ *		Reserve the ratebucket.* settings prefix and initialise each part.
+ */
+void
+_PG_init(void)
+{
+#if PG_VERSION_NUM >= 150000
+	MarkGUCPrefixReserved("ratebucket");
+#else
+	EmitWarningsOnPlaceholders("ratebucket");
+#endif
+	rb_storage_init();
+}

@@ -1,0 +1,222 @@
+/*-------------------------------------------------------------------------
+ *
+ * take.c
+ *	  SQL-callable takes and peeks: bucket_take (both forms), bucket_ready.
+ *
+ * A take locks the endpoint's row, then reads the clock, refills, takes if
+ * it can, and writes the row back, all before the caller's transaction ends:
+ * every taker of one bucket shares one clock and one order, and a take that
+ * rolls back gives its tokens back.  A denied take writes nothing: its
+ * refill is a function of time alone and is recomputed by the next reader.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "funcapi.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "arith.h"
+#include "ratebucket.h"
+#include "storage.h"
+#include "validate.h"
+
+PG_FUNCTION_INFO_V1(ratebucket_take);
+PG_FUNCTION_INFO_V1(ratebucket_take_configured);
+PG_FUNCTION_INFO_V1(ratebucket_ready);
+
+/* Record a grant of "want" tokens at "now" in the row's counters. */
+static void
+rb_count_grant(RbBucket *bucket, double want, TimestampTz now)
+{
+	bucket->has_granted = true;
+	bucket->last_granted_at = now;
+	bucket->takes_granted++;
+	bucket->tokens_granted += want;
+}
+
+/*
+ * rb_new_bucket
+ *		A bucket seen for the first time: full, refilled at "now".
+ */
+void
+rb_new_bucket(RbBucket *bucket, double rate, double capacity, TimestampTz now)
+{
+	memset(bucket, 0, sizeof(*bucket));
+	ItemPointerSetInvalid(&bucket->tid);
+	bucket->rate = rate;
+	bucket->capacity = capacity;
+	bucket->state.tokens = capacity;
+	bucket->state.refilled_at = now;
+	bucket->created_at = now;
+}
+
+/* The error for a configured take of an endpoint that was not configured. */
+static void
+rb_not_configured(text *endpoint)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_UNDEFINED_OBJECT),
+			 errmsg("endpoint \"%s\" is not configured", text_to_cstring(endpoint)),
+			 errhint("Call ratebucket.bucket_configure(endpoint, rate, capacity) first, "
+					 "or pass rate and capacity to bucket_take.")));
+}
+
+/*
+ * rb_take_with_limits
+ *		The take itself.  With use_config, the limits are those stored by
+ *		bucket_configure and rate/capacity are ignored.
+ */
+static RbTakeResult
+rb_take_with_limits(text *endpoint, bool use_config,
+					double rate, double capacity, double want)
+{
+	RbStorageSession session;
+	RbBucket	bucket;
+	RbTakeResult result;
+	TimestampTz now;
+
+	rb_storage_begin(&session);
+
+	if (use_config)
+	{
+		if (!rb_storage_lock(endpoint, &bucket))
+			rb_not_configured(endpoint);
+	}
+	else
+	{
+		RbBucket	fresh;
+
+		/* the clock read here is used only if the row is new: no lock to wait on */
+		now = GetCurrentTimestamp();
+		rb_new_bucket(&fresh, rate, capacity, now);
+		result = rb_take(&fresh.state, rate, capacity, want, now);
+		Assert(result.allowed);
+		rb_count_grant(&fresh, want, now);
+		if (!rb_storage_lock_or_insert(endpoint, &bucket, &fresh))
+		{
+			rb_storage_end(&session);
+			return result;
+		}
+	}
+
+	/* We hold the row lock: only now read the clock. */
+	now = GetCurrentTimestamp();
+
+	if (use_config)
+	{
+		if (!bucket.configured)
+			rb_not_configured(endpoint);
+		rate = bucket.conf_rate;
+		capacity = bucket.conf_capacity;
+		rb_check_tokens_fit(want, capacity);
+	}
+
+	result = rb_take(&bucket.state, rate, capacity, want, now);
+	if (result.allowed)
+	{
+		bucket.rate = rate;
+		bucket.capacity = capacity;
+		rb_count_grant(&bucket, want, now);
+		rb_storage_update(&bucket);
+	}
+
+	rb_storage_end(&session);
+	return result;
+}
+
+/*
+ * rb_take_result_datum
+ *		Build the (allowed, remaining, wait_seconds) record.  The tuple
+ *		descriptor is built once per call site and kept in fn_extra.
+ */
+static Datum
+rb_take_result_datum(FunctionCallInfo fcinfo, const RbTakeResult *result)
+{
+	TupleDesc	tupdesc = (TupleDesc) fcinfo->flinfo->fn_extra;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+
+	if (tupdesc == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+
+		if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+			elog(ERROR, "return type must be a row type");
+		tupdesc = BlessTupleDesc(tupdesc);
+		fcinfo->flinfo->fn_extra = tupdesc;
+		MemoryContextSwitchTo(oldcxt);
+	}
+
+	values[0] = BoolGetDatum(result->allowed);
+	values[1] = Float8GetDatum(result->remaining);
+	values[2] = Float8GetDatum(result->wait_seconds);
+	return HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls));
+}
+
+/*
+ * bucket_take(endpoint text, rate float8, capacity float8, tokens float8)
+ *		Take with the limits given: they can change from one call to the next.
+ */
+Datum
+ratebucket_take(PG_FUNCTION_ARGS)
+{
+	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
+	double		rate = rb_arg_rate(fcinfo, 1);
+	double		capacity = rb_arg_capacity(fcinfo, 2);
+	double		want = rb_arg_tokens(fcinfo, 3);
+	RbTakeResult result;
+
+	rb_check_tokens_fit(want, capacity);
+	result = rb_take_with_limits(endpoint, false, rate, capacity, want);
+	PG_RETURN_DATUM(rb_take_result_datum(fcinfo, &result));
+}
+
+/*
+ * bucket_take(endpoint text, tokens float8)
+ *		Take with the limits stored by bucket_configure.
+ */
+Datum
+ratebucket_take_configured(PG_FUNCTION_ARGS)
+{
+	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
+	double		want = rb_arg_tokens(fcinfo, 1);
+	RbTakeResult result;
+
+	result = rb_take_with_limits(endpoint, true, 0.0, 0.0, want);
+	PG_RETURN_DATUM(rb_take_result_datum(fcinfo, &result));
+}
+
+/*
+ * bucket_ready(endpoint text, tokens float8) returns boolean
+ *		Would a take of "tokens" be granted now?  Judged from the last
+ *		committed row with the limits it stores, without locking: a peek for
+ *		a claim's WHERE clause, which the take itself then confirms.  An
+ *		unknown endpoint is ready, since its bucket would start full.
+ */
+Datum
+ratebucket_ready(PG_FUNCTION_ARGS)
+{
+	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
+	double		want = rb_arg_tokens(fcinfo, 1);
+	RbStorageSession session;
+	RbBucket	bucket;
+	bool		found;
+	bool		ready = true;
+
+	rb_storage_begin(&session);
+	found = rb_storage_peek(endpoint, &bucket);
+	rb_storage_end(&session);
+
+	if (found)
+	{
+		double		have = rb_refill(bucket.state.tokens, bucket.rate,
+									 bucket.capacity, bucket.state.refilled_at,
+									 GetCurrentTimestamp());
+
+		ready = have >= want;
+	}
+	PG_RETURN_BOOL(ready);
+}

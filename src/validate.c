@@ -1,0 +1,120 @@
+/*-------------------------------------------------------------------------
+ *
+ * validate.c
+ *	  Argument checks shared by every SQL-callable function.
+ *
+ * The SQL functions are not STRICT: a NULL argument is a caller's mistake
+ * (a missing join, a typo) that should be heard, not a silent NULL that a
+ * WHERE clause reads as "no".  Every check runs before any row is touched,
+ * so a refused call leaves every row as it was.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "utils/builtins.h"
+#include "utils/float.h"
+
+#include "validate.h"
+
+/* Raise the error for a NULL argument. */
+static void
+rb_null_arg(const char *what)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+			 errmsg("%s must not be null", what)));
+}
+
+/*
+ * rb_arg_endpoint
+ *		Fetch argument "argno" as an endpoint: not NULL, 1 to
+ *		RB_MAX_ENDPOINT_BYTES bytes.  Returns it detoasted.
+ */
+text *
+rb_arg_endpoint(FunctionCallInfo fcinfo, int argno)
+{
+	text	   *endpoint;
+	int			len;
+
+	if (PG_ARGISNULL(argno))
+		rb_null_arg("endpoint");
+	endpoint = PG_GETARG_TEXT_PP(argno);
+	len = VARSIZE_ANY_EXHDR(endpoint);
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("endpoint must not be empty")));
+	if (len > RB_MAX_ENDPOINT_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("endpoint is too long"),
+				 errdetail("The endpoint is %d bytes; at most %d are allowed.",
+						   len, RB_MAX_ENDPOINT_BYTES),
+				 errhint("Use a shorter key, such as a host name or a hash of the URL.")));
+	return endpoint;
+}
+
+/* Fetch a float8 argument that must be a finite number within [lo, hi]. */
+static double
+rb_arg_bounded(FunctionCallInfo fcinfo, int argno, const char *what,
+			   double lo, bool lo_inclusive, double hi)
+{
+	double		v;
+
+	if (PG_ARGISNULL(argno))
+		rb_null_arg(what);
+	v = PG_GETARG_FLOAT8(argno);
+	if (isnan(v) || isinf(v))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be a finite number", what),
+				 errdetail("The value given was %s.", float8out_internal(v))));
+	if (v < lo || (!lo_inclusive && v == lo) || v > hi)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s is out of range", what),
+				 errdetail("The value given was %s; it must be %s %g and at most %g.",
+						   float8out_internal(v),
+						   lo_inclusive ? "at least" : "greater than", lo, hi)));
+	return v;
+}
+
+/* A rate: tokens per second, RB_MIN_RATE to RB_MAX_RATE. */
+double
+rb_arg_rate(FunctionCallInfo fcinfo, int argno)
+{
+	return rb_arg_bounded(fcinfo, argno, "rate", RB_MIN_RATE, true, RB_MAX_RATE);
+}
+
+/* A capacity: more than 0, at most RB_MAX_CAPACITY. */
+double
+rb_arg_capacity(FunctionCallInfo fcinfo, int argno)
+{
+	return rb_arg_bounded(fcinfo, argno, "capacity", 0.0, false, RB_MAX_CAPACITY);
+}
+
+/* Tokens to take or test for: more than 0, at most RB_MAX_CAPACITY. */
+double
+rb_arg_tokens(FunctionCallInfo fcinfo, int argno)
+{
+	return rb_arg_bounded(fcinfo, argno, "tokens", 0.0, false, RB_MAX_CAPACITY);
+}
+
+/*
+ * rb_check_tokens_fit
+ *		A take larger than the capacity could never be granted: say so
+ *		rather than deny it forever.
+ */
+void
+rb_check_tokens_fit(double tokens, double capacity)
+{
+	if (tokens > capacity)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("tokens (%g) exceed the bucket's capacity (%g)",
+						tokens, capacity),
+				 errdetail("A take larger than the capacity can never be granted.")));
+}
