@@ -32,8 +32,9 @@ rb_refill(double tokens, double rate, double capacity,
 {
 	double		t = tokens;
 
+	/* in double, so that even -infinity to +infinity cannot overflow */
 	if (now > refilled_at)
-		t += ((double) (now - refilled_at) / RB_USECS_PER_SEC) * rate;
+		t += (((double) now - (double) refilled_at) / RB_USECS_PER_SEC) * rate;
 	if (!(t <= capacity))		/* also catches an overflow to Inf */
 		t = capacity;
 	if (t < 0.0)

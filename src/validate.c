@@ -75,10 +75,10 @@ rb_arg_bounded(FunctionCallInfo fcinfo, int argno, const char *what,
 	if (v < lo || (!lo_inclusive && v == lo) || v > hi)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s is out of range", what),
-				 errdetail("The value given was %s; it must be %s %g and at most %g.",
-						   float8out_internal(v),
-						   lo_inclusive ? "at least" : "greater than", lo, hi)));
+				 lo_inclusive ?
+				 errmsg("%s must be at least %g and at most %g", what, lo, hi) :
+				 errmsg("%s must be greater than %g and at most %g", what, lo, hi),
+				 errdetail("The value given was %s.", float8out_internal(v))));
 	return v;
 }
 

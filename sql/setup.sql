@@ -1,0 +1,43 @@
+--
+-- setup: install the extension and check what it installed.
+--
+CREATE EXTENSION ratebucket;
+
+-- Pinned schema, not relocatable.
+SELECT extname, extversion, n.nspname AS schema, extrelocatable
+FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+WHERE extname = 'ratebucket';
+
+-- Every function, table and view explains itself in psql (COMMENT ON).
+SELECT p.oid::regprocedure AS function,
+	   obj_description(p.oid, 'pg_proc') IS NOT NULL AS commented
+FROM pg_proc p
+WHERE p.pronamespace = 'ratebucket'::regnamespace
+ORDER BY p.oid::regprocedure::text;
+
+SELECT c.relname, c.relkind, obj_description(c.oid, 'pg_class') IS NOT NULL AS commented
+FROM pg_class c
+WHERE c.relnamespace = 'ratebucket'::regnamespace AND c.relkind IN ('r', 'v')
+ORDER BY 1;
+
+-- A take is a HOT update only if no index covers a column a take changes:
+-- the only index is the primary key on endpoint.
+SELECT indexrelid::regclass AS index, pg_get_indexdef(indexrelid) AS definition
+FROM pg_index
+WHERE indrelid = 'ratebucket.buckets'::regclass;
+
+-- Room on each page for new row versions, and a hot-table autovacuum.
+SELECT unnest(reloptions) AS option
+FROM pg_class WHERE oid = 'ratebucket.buckets'::regclass
+ORDER BY 1;
+
+-- Configured endpoints are dumped by pg_dump.
+SELECT extconfig::regclass[] AS config_tables, extcondition
+FROM pg_extension WHERE extname = 'ratebucket';
+
+-- Functions that write are volatile; the arithmetic is immutable.
+SELECT p.proname, p.provolatile, p.proparallel, p.proisstrict, p.prosecdef,
+	   p.proconfig
+FROM pg_proc p
+WHERE p.pronamespace = 'ratebucket'::regnamespace
+ORDER BY p.proname, p.pronargs;
