@@ -13,7 +13,7 @@
 -- caller's search_path: the C code names ratebucket.buckets explicitly.
 --
 CREATE TABLE ratebucket.buckets (
-	endpoint		text COLLATE "C" NOT NULL,
+	endpoint		text NOT NULL,
 	rate			float8 NOT NULL,
 	capacity		float8 NOT NULL,
 	tokens			float8 NOT NULL,
@@ -76,7 +76,8 @@ SELECT pg_catalog.pg_extension_config_dump('ratebucket.buckets',
 										   'WHERE conf_rate IS NOT NULL');
 
 --
--- Taking tokens.
+-- Taking tokens.  Each call runs SQL of its own: the COST tells the planner
+-- to evaluate a query's cheaper conditions (status = 'pending', say) first.
 --
 CREATE FUNCTION ratebucket.bucket_take(
 	endpoint text,
@@ -88,7 +89,7 @@ CREATE FUNCTION ratebucket.bucket_take(
 	OUT wait_seconds float8)
 RETURNS record
 AS 'MODULE_PATHNAME', 'ratebucket_take'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
+LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100;
 
 COMMENT ON FUNCTION ratebucket.bucket_take(text, float8, float8, float8) IS
 'Refill the endpoint''s bucket at rate tokens/s up to capacity, then take tokens if it holds them, under the row lock; a new endpoint starts full. Returns allowed, the tokens remaining, and the seconds to wait before tokens would be available (0 when allowed).';
@@ -101,7 +102,7 @@ CREATE FUNCTION ratebucket.bucket_take(
 	OUT wait_seconds float8)
 RETURNS record
 AS 'MODULE_PATHNAME', 'ratebucket_take_configured'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
+LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100;
 
 COMMENT ON FUNCTION ratebucket.bucket_take(text, float8) IS
 'bucket_take with the rate and capacity stored by bucket_configure; an endpoint that was never configured is an error.';
@@ -111,7 +112,7 @@ CREATE FUNCTION ratebucket.bucket_ready(
 	tokens float8 DEFAULT 1)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'ratebucket_ready'
-LANGUAGE C VOLATILE PARALLEL RESTRICTED;
+LANGUAGE C VOLATILE PARALLEL RESTRICTED COST 50;
 
 COMMENT ON FUNCTION ratebucket.bucket_ready(text, float8) IS
 'True if a take of tokens would be granted now, judged from the last committed state. Never consumes, never writes, never waits for a lock; an unknown endpoint is ready.';

@@ -35,8 +35,10 @@ ORDER BY 1;
 SELECT extconfig::regclass[] AS config_tables, extcondition
 FROM pg_extension WHERE extname = 'ratebucket';
 
--- Functions that write are volatile; the arithmetic is immutable.
-SELECT p.proname, p.provolatile, p.proparallel, p.proisstrict, p.prosecdef,
+-- Functions that write are volatile; the arithmetic is immutable.  The takes
+-- and the peek run SQL of their own, so they tell the planner they cost more
+-- than a comparison.
+SELECT p.proname, p.provolatile, p.proparallel, p.procost, p.proisstrict, p.prosecdef,
 	   p.proconfig
 FROM pg_proc p
 WHERE p.pronamespace = 'ratebucket'::regnamespace

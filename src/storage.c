@@ -39,11 +39,15 @@
 	"configured_at, created_at, last_granted_at, takes_granted, tokens_granted"
 
 #define RB_WHERE_ENDPOINT \
-	" WHERE endpoint OPERATOR(pg_catalog.=) ($1 COLLATE pg_catalog.\"C\")"
+	" WHERE endpoint OPERATOR(pg_catalog.=) $1"
 
 static const char *const lock_sql =
 "SELECT " RB_COLUMNS " FROM " RB_SCHEMA "." RB_TABLE RB_WHERE_ENDPOINT
 " FOR NO KEY UPDATE";
+
+static const char *const lock_skip_sql =
+"SELECT " RB_COLUMNS " FROM " RB_SCHEMA "." RB_TABLE RB_WHERE_ENDPOINT
+" FOR NO KEY UPDATE SKIP LOCKED";
 
 static const char *const peek_sql =
 "SELECT " RB_COLUMNS " FROM " RB_SCHEMA "." RB_TABLE RB_WHERE_ENDPOINT;
@@ -67,6 +71,7 @@ static const char *const delete_sql =
 
 /* Saved plans, prepared on first use in each backend. */
 static SPIPlanPtr lock_plan = NULL;
+static SPIPlanPtr lock_skip_plan = NULL;
 static SPIPlanPtr peek_plan = NULL;
 static SPIPlanPtr insert_plan = NULL;
 static SPIPlanPtr update_plan = NULL;
@@ -240,6 +245,17 @@ bool
 rb_storage_lock(text *endpoint, RbBucket *bucket)
 {
 	return rb_select(&lock_plan, lock_sql, endpoint, bucket);
+}
+
+/*
+ * rb_storage_lock_skip
+ *		Lock the endpoint's row and read it, unless another transaction holds
+ *		it.  Returns false, without waiting, if the row is locked or missing.
+ */
+bool
+rb_storage_lock_skip(text *endpoint, RbBucket *bucket)
+{
+	return rb_select(&lock_skip_plan, lock_skip_sql, endpoint, bucket);
 }
 
 /*

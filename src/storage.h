@@ -48,6 +48,7 @@ extern void rb_storage_init(void);
 extern void rb_storage_begin(RbStorageSession *session);
 extern void rb_storage_end(RbStorageSession *session);
 extern bool rb_storage_lock(text *endpoint, RbBucket *bucket);
+extern bool rb_storage_lock_skip(text *endpoint, RbBucket *bucket);
 extern bool rb_storage_peek(text *endpoint, RbBucket *bucket);
 extern bool rb_storage_insert(text *endpoint, const RbBucket *bucket);
 extern bool rb_storage_lock_or_insert(text *endpoint, RbBucket *bucket,

@@ -8,6 +8,8 @@
  * every taker of one bucket shares one clock and one order, and a take that
  * rolls back gives its tokens back.  A denied take writes nothing: its
  * refill is a function of time alone and is recomputed by the next reader.
+ * A take refused by the committed state of a row that another transaction
+ * holds does not even wait for that transaction.
  *
  *-------------------------------------------------------------------------
  */
@@ -65,9 +67,41 @@ rb_not_configured(text *endpoint)
 }
 
 /*
+ * rb_peek_refuses
+ *		Does the bucket's last committed state already refuse the take?
+ *
+ * Used only when another transaction holds the row.  That holder can take
+ * tokens away, or change limits; a refusal judged from the state it started
+ * from is the answer this take gets when ordered before it, so there is no
+ * point queueing behind the holder's commit for it.  Anything else (enough
+ * tokens, no configuration, a take larger than the configured capacity) is
+ * decided under the lock, after waiting.
+ */
+static bool
+rb_peek_refuses(RbBucket *peeked, bool use_config, double rate,
+				double capacity, double want, RbTakeResult *result)
+{
+	if (use_config)
+	{
+		if (!peeked->configured || want > peeked->conf_capacity)
+			return false;
+		rate = peeked->conf_rate;
+		capacity = peeked->conf_capacity;
+	}
+	*result = rb_take(&peeked->state, rate, capacity, want,
+					  GetCurrentTimestamp());
+	return !result->allowed;
+}
+
+/*
  * rb_take_with_limits
  *		The take itself.  With use_config, the limits are those stored by
  *		bucket_configure and rate/capacity are ignored.
+ *
+ * The usual path is one statement: lock the row (skipping it if another
+ * transaction holds it), read the clock, decide, write.  If the row is held,
+ * a take its committed state already refuses returns at once; any other
+ * waits for the holder.  A missing row is created full, unless use_config.
  */
 static RbTakeResult
 rb_take_with_limits(text *endpoint, bool use_config,
@@ -80,25 +114,38 @@ rb_take_with_limits(text *endpoint, bool use_config,
 
 	rb_storage_begin(&session);
 
-	if (use_config)
+	if (!rb_storage_lock_skip(endpoint, &bucket))
 	{
-		if (!rb_storage_lock(endpoint, &bucket))
-			rb_not_configured(endpoint);
-	}
-	else
-	{
-		RbBucket	fresh;
+		RbBucket	peeked;
+		bool		exists = rb_storage_peek(endpoint, &peeked);
 
-		/* the clock read here is used only if the row is new: no lock to wait on */
-		now = GetCurrentTimestamp();
-		rb_new_bucket(&fresh, rate, capacity, now);
-		result = rb_take(&fresh.state, rate, capacity, want, now);
-		Assert(result.allowed);
-		rb_count_grant(&fresh, want, now);
-		if (!rb_storage_lock_or_insert(endpoint, &bucket, &fresh))
+		if (exists &&
+			rb_peek_refuses(&peeked, use_config, rate, capacity, want, &result))
 		{
 			rb_storage_end(&session);
 			return result;
+		}
+
+		if (use_config)
+		{
+			if (!exists || !rb_storage_lock(endpoint, &bucket))
+				rb_not_configured(endpoint);
+		}
+		else
+		{
+			RbBucket	fresh;
+
+			/* this clock is used only if the row is new: no lock to wait on */
+			now = GetCurrentTimestamp();
+			rb_new_bucket(&fresh, rate, capacity, now);
+			result = rb_take(&fresh.state, rate, capacity, want, now);
+			Assert(result.allowed);
+			rb_count_grant(&fresh, want, now);
+			if (!rb_storage_lock_or_insert(endpoint, &bucket, &fresh))
+			{
+				rb_storage_end(&session);
+				return result;
+			}
 		}
 	}
 
