@@ -16,6 +16,7 @@ GRANT EXECUTE ON FUNCTION
 	ratebucket.bucket_take(text, float8),
 	ratebucket.bucket_ready(text, float8)
 	TO regress_rb_worker;
+GRANT SELECT ON ratebucket.bucket_status TO regress_rb_worker;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ratebucket TO regress_rb_admin;
 GRANT SELECT ON ratebucket.bucket_status TO regress_rb_admin;
 
@@ -51,7 +52,8 @@ SET ROLE regress_rb_nobody;
 SELECT n, stmt, pg_temp.try(stmt) FROM calls ORDER BY n;
 RESET ROLE;
 
--- A worker may take and peek, and nothing else; it never touches the table.
+-- A worker may take, peek and read the status view, and nothing else; it
+-- never touches the table.
 SET ROLE regress_rb_worker;
 SELECT n, stmt, pg_temp.try(stmt) FROM calls ORDER BY n;
 RESET ROLE;
@@ -104,5 +106,5 @@ SELECT count(*) AS planted_table_rows FROM regress_evil.buckets;
 DROP SCHEMA regress_evil CASCADE;
 REVOKE ALL ON SCHEMA ratebucket FROM regress_rb_worker, regress_rb_admin;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ratebucket FROM regress_rb_worker, regress_rb_admin;
-REVOKE ALL ON ratebucket.bucket_status FROM regress_rb_admin;
+REVOKE ALL ON ratebucket.bucket_status FROM regress_rb_worker, regress_rb_admin;
 DROP ROLE regress_rb_nobody, regress_rb_worker, regress_rb_admin;
