@@ -4,8 +4,13 @@ EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*
 
 MODULE_big = ratebucket
 OBJS = \
+	src/adapt.o \
 	src/admin.o \
 	src/arith.o \
+	src/feedback.o \
+	src/guc.o \
+	src/headers.o \
+	src/headers_sql.o \
 	src/ratebucket.o \
 	src/status.o \
 	src/storage.o \
@@ -15,7 +20,7 @@ OBJS = \
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 # pg_regress: inputs in sql/, outputs in expected/.
-REGRESS = setup take configure admin errors privileges
+REGRESS = setup take configure admin feedback errors privileges
 REGRESS_OPTS = --inputdir=.
 
 # Isolation specs: test/specs/*.spec, outputs in test/expected/.

@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * admin.c
- *	  SQL-callable administration: bucket_configure, bucket_reset and
- *	  bucket_drop.  (bucket_expire is set-based SQL in the install script.)
+ *	  SQL-callable administration: bucket_configure, bucket_reset,
+ *	  bucket_drop, bucket_pause and bucket_resume.  (bucket_expire is
+ *	  set-based SQL in the install script.)
  *
  * Each locks the endpoint's row first and reads the clock after, exactly
  * like a take, so that administration and takes serialise on the row and a
@@ -12,8 +13,11 @@
  */
 #include "postgres.h"
 
+#include "utils/builtins.h"
+#include "utils/datetime.h"
 #include "utils/timestamp.h"
 
+#include "adapt.h"
 #include "arith.h"
 #include "ratebucket.h"
 #include "storage.h"
@@ -22,47 +26,85 @@
 PG_FUNCTION_INFO_V1(ratebucket_configure);
 PG_FUNCTION_INFO_V1(ratebucket_reset);
 PG_FUNCTION_INFO_V1(ratebucket_drop);
+PG_FUNCTION_INFO_V1(ratebucket_pause);
+PG_FUNCTION_INFO_V1(ratebucket_resume);
 
-/* Store the configured limits in a bucket, and make them the ones in force. */
-static void
-rb_set_config(RbBucket *bucket, double rate, double capacity, TimestampTz now)
+/* A configuration: limits and the feedback policy's overrides (NaN/-1: default). */
+typedef struct RbConfig
 {
-	bucket->rate = rate;
-	bucket->capacity = capacity;
-	bucket->configured = true;
-	bucket->conf_rate = rate;
-	bucket->conf_capacity = capacity;
+	double		rate;
+	double		capacity;
+	double		floor_rate;
+	double		throttle_factor;
+	double		recovery_factor;
+	int32		breaker_failures;
+} RbConfig;
+
+/* Store a configuration in a bucket, and make its limits the ones in force. */
+static void
+rb_set_config(RbBucket *bucket, const RbConfig *config, TimestampTz now)
+{
+	bucket->rate = config->rate;
+	bucket->capacity = config->capacity;
+	bucket->conf_rate = config->rate;
+	bucket->conf_capacity = config->capacity;
+	bucket->conf_floor_rate = config->floor_rate;
+	bucket->conf_throttle_factor = config->throttle_factor;
+	bucket->conf_recovery_factor = config->recovery_factor;
+	bucket->conf_breaker_failures = config->breaker_failures;
 	bucket->configured_at = now;
-	if (bucket->state.tokens > capacity)
-		bucket->state.tokens = capacity;
+	if (bucket->state.tokens > config->capacity)
+		bucket->state.tokens = config->capacity;
 }
 
 /*
- * bucket_configure(endpoint text, rate float8, capacity float8)
- *		Store the endpoint's limits.  Tokens earned under the old limits up to
- *		now are kept (cut to the new capacity); a new endpoint starts full.
+ * bucket_configure(endpoint text, rate float8, capacity float8,
+ *					floor_rate float8, throttle_factor float8,
+ *					recovery_factor float8, breaker_failures int)
+ *		Store the endpoint's limits and feedback policy.  Tokens earned under
+ *		the old limits up to now are kept (cut to the new capacity); a new
+ *		endpoint starts full.  What feedback taught (a lowered rate, a
+ *		cooldown, the breaker) is kept too: bucket_reset forgets it.
  */
 Datum
 ratebucket_configure(PG_FUNCTION_ARGS)
 {
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
-	double		rate = rb_arg_rate(fcinfo, 1);
-	double		capacity = rb_arg_capacity(fcinfo, 2);
+	RbConfig	config;
 	RbStorageSession session;
 	RbBucket	bucket;
 	RbBucket	fresh;
 	TimestampTz now;
 
+	config.rate = rb_arg_rate(fcinfo, 1);
+	config.capacity = rb_arg_capacity(fcinfo, 2);
+	config.floor_rate = rb_arg_optional(fcinfo, 3, "floor_rate",
+										RB_MIN_RATE, true, RB_MAX_RATE);
+	config.throttle_factor = rb_arg_optional(fcinfo, 4, "throttle_factor",
+											 0.0, false, 1.0);
+	config.recovery_factor = rb_arg_optional(fcinfo, 5, "recovery_factor",
+											 1.0, true, 100.0);
+	config.breaker_failures = -1;
+	if (!PG_ARGISNULL(6))
+	{
+		config.breaker_failures = PG_GETARG_INT32(6);
+		if (config.breaker_failures < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("breaker_failures must not be negative"),
+					 errhint("Use 0 to disable the circuit breaker, NULL for ratebucket.breaker_failures.")));
+	}
+
 	rb_storage_begin(&session);
 
 	now = GetCurrentTimestamp();
-	rb_new_bucket(&fresh, rate, capacity, now);
-	rb_set_config(&fresh, rate, capacity, now);
+	rb_new_bucket(&fresh, config.rate, config.capacity, now);
+	rb_set_config(&fresh, &config, now);
 	if (rb_storage_lock_or_insert(endpoint, &bucket, &fresh))
 	{
 		now = GetCurrentTimestamp();
 		rb_advance(&bucket.state, bucket.rate, bucket.capacity, now);
-		rb_set_config(&bucket, rate, capacity, now);
+		rb_set_config(&bucket, &config, now);
 		rb_storage_update(&bucket);
 	}
 
@@ -72,7 +114,12 @@ ratebucket_configure(PG_FUNCTION_ARGS)
 
 /*
  * bucket_reset(endpoint text) returns boolean
- *		Fill the bucket to its capacity.  False if there is no such bucket.
+ *		Fill the bucket to its capacity and forget what feedback taught (rate
+ *		factor, cooldown, pause, breaker).  False if there is no such bucket.
+ *
+ * The refill time is set to the clock even if it was ahead (a cooldown, or
+ * a clock that stepped back): that is the point of a reset, and it cannot
+ * grant more than a full bucket.
  */
 Datum
 ratebucket_reset(PG_FUNCTION_ARGS)
@@ -88,9 +135,10 @@ ratebucket_reset(PG_FUNCTION_ARGS)
 	{
 		TimestampTz now = GetCurrentTimestamp();
 
-		if (now > bucket.state.refilled_at)
-			bucket.state.refilled_at = now;
+		/* a cooldown may have put the refill time ahead: take it back */
+		bucket.state.refilled_at = now;
 		bucket.state.tokens = bucket.capacity;
+		rb_adapt_init(&bucket.adapt);
 		rb_storage_update(&bucket);
 	}
 	rb_storage_end(&session);
@@ -112,4 +160,64 @@ ratebucket_drop(PG_FUNCTION_ARGS)
 	found = rb_storage_delete(endpoint);
 	rb_storage_end(&session);
 	PG_RETURN_BOOL(found);
+}
+
+/*
+ * Set the bucket's pause to end at "until" (RB_NO_TIME: no pause).  False
+ * if there is no such bucket.
+ */
+static bool
+rb_set_pause(text *endpoint, TimestampTz until)
+{
+	RbStorageSession session;
+	RbBucket	bucket;
+	bool		found;
+
+	rb_storage_begin(&session);
+	found = rb_storage_lock(endpoint, &bucket);
+	if (found)
+	{
+		bucket.adapt.paused_until = until;
+		rb_storage_update(&bucket);
+	}
+	rb_storage_end(&session);
+	return found;
+}
+
+/*
+ * bucket_pause(endpoint text, duration interval) returns boolean
+ *		Refuse every take for duration, or until bucket_resume when NULL.
+ */
+Datum
+ratebucket_pause(PG_FUNCTION_ARGS)
+{
+	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
+	TimestampTz until = DT_NOEND;
+
+	if (!PG_ARGISNULL(1))
+	{
+		TimestampTz now = GetCurrentTimestamp();
+
+		until = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+														TimestampTzGetDatum(now),
+														PG_GETARG_DATUM(1)));
+		if (until <= now)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("duration must be positive"),
+					 errhint("Pass NULL to pause until bucket_resume.")));
+	}
+	PG_RETURN_BOOL(rb_set_pause(endpoint, until));
+}
+
+/*
+ * bucket_resume(endpoint text) returns boolean
+ *		End a pause.
+ */
+Datum
+ratebucket_resume(PG_FUNCTION_ARGS)
+{
+	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
+
+	PG_RETURN_BOOL(rb_set_pause(endpoint, RB_NO_TIME));
 }

@@ -84,7 +84,9 @@ rb_wait_seconds(double have, double want, double rate)
  *
  * The state is refilled in place whether or not the take is allowed; a
  * caller that is denied need not store it, since the refill is a function of
- * time alone.
+ * time alone.  A refill time ahead of "now" (the end of a cooldown, or a
+ * clock that stepped back) refills nothing until then, and a refused take's
+ * wait reaches past it.
  */
 RbTakeResult
 rb_take(RbState *state, double rate, double capacity, double want,
@@ -103,6 +105,10 @@ rb_take(RbState *state, double rate, double capacity, double want,
 	{
 		result.allowed = false;
 		result.wait_seconds = rb_wait_seconds(state->tokens, want, rate);
+		/* a refill time ahead of the clock (a cooldown) comes first */
+		if (state->refilled_at > now)
+			result.wait_seconds +=
+				((double) state->refilled_at - (double) now) / RB_USECS_PER_SEC;
 	}
 	result.remaining = state->tokens;
 	return result;

@@ -11,8 +11,8 @@
 #include "postgres.h"
 
 #include "fmgr.h"
-#include "utils/guc.h"
 
+#include "guc.h"
 #include "storage.h"
 
 PG_MODULE_MAGIC;
@@ -21,15 +21,11 @@ void		_PG_init(void);
 
 /*
  * _PG_init
- *		Reserve the ratebucket.* settings prefix and initialise each part.
+ *		Define the ratebucket.* settings and initialise each part.
  */
 void
 _PG_init(void)
 {
-#if PG_VERSION_NUM >= 150000
-	MarkGUCPrefixReserved("ratebucket");
-#else
-	EmitWarningsOnPlaceholders("ratebucket");
-#endif
+	rb_guc_init();
 	rb_storage_init();
 }

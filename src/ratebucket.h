@@ -10,6 +10,11 @@
 
 #include "storage.h"
 
+/* feedback.c */
+extern void rb_bucket_policy(const RbBucket *bucket, double ceiling,
+							 RbPolicy *policy);
+extern double rb_bucket_ceiling(const RbBucket *bucket);
+
 /* take.c */
 extern void rb_new_bucket(RbBucket *bucket, double rate, double capacity,
 						  TimestampTz now);

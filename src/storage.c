@@ -22,52 +22,97 @@
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/float.h"
 #include "utils/inval.h"
+#include "utils/memutils.h"
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
+#include "utils/typcache.h"
 
 #include "storage.h"
 
 #define RB_SCHEMA	"ratebucket"
 #define RB_TABLE	"buckets"
+#define RB_QUALIFIED RB_SCHEMA "." RB_TABLE
 
-/* Columns every SELECT returns, in this order. */
-#define RB_COLUMNS \
-	"ctid, rate, capacity, tokens, refilled_at, conf_rate, conf_capacity, " \
-	"configured_at, created_at, last_granted_at, takes_granted, tokens_granted"
+/*
+ * The columns the C code reads and writes, besides endpoint: each SELECT
+ * returns ctid and then these, in this order; INSERT and UPDATE bind them
+ * as $2, $3, ... ($1 is the endpoint or the ctid).
+ */
+typedef enum RbColumnKind
+{
+	RB_F8,						/* float8 NOT NULL */
+	RB_F8N,						/* float8, NULL <-> NaN */
+	RB_I4,						/* int4 NOT NULL */
+	RB_I4N,						/* int4, NULL <-> -1 */
+	RB_I8,						/* int8 NOT NULL */
+	RB_TS,						/* timestamptz NOT NULL */
+	RB_TSN						/* timestamptz, NULL <-> RB_NO_TIME */
+} RbColumnKind;
 
-#define RB_WHERE_ENDPOINT \
-	" WHERE endpoint OPERATOR(pg_catalog.=) $1"
+typedef struct RbColumn
+{
+	const char *name;
+	RbColumnKind kind;
+	size_t		offset;			/* in RbBucket */
+} RbColumn;
 
-static const char *const lock_sql =
-"SELECT " RB_COLUMNS " FROM " RB_SCHEMA "." RB_TABLE RB_WHERE_ENDPOINT
-" FOR NO KEY UPDATE";
+#define COL(name, kind, field) {name, kind, offsetof(RbBucket, field)}
 
-static const char *const lock_skip_sql =
-"SELECT " RB_COLUMNS " FROM " RB_SCHEMA "." RB_TABLE RB_WHERE_ENDPOINT
-" FOR NO KEY UPDATE SKIP LOCKED";
+static const RbColumn rb_columns[] = {
+	COL("rate", RB_F8, rate),
+	COL("capacity", RB_F8, capacity),
+	COL("tokens", RB_F8, state.tokens),
+	COL("refilled_at", RB_TS, state.refilled_at),
+	COL("conf_rate", RB_F8N, conf_rate),
+	COL("conf_capacity", RB_F8N, conf_capacity),
+	COL("conf_floor_rate", RB_F8N, conf_floor_rate),
+	COL("conf_throttle_factor", RB_F8N, conf_throttle_factor),
+	COL("conf_recovery_factor", RB_F8N, conf_recovery_factor),
+	COL("conf_breaker_failures", RB_I4N, conf_breaker_failures),
+	COL("configured_at", RB_TSN, configured_at),
+	COL("created_at", RB_TS, created_at),
+	COL("last_granted_at", RB_TSN, last_granted_at),
+	COL("takes_granted", RB_I8, takes_granted),
+	COL("tokens_granted", RB_F8, tokens_granted),
+	COL("rate_factor", RB_F8, adapt.rate_factor),
+	COL("factor_at", RB_TSN, adapt.factor_at),
+	COL("cooldown_until", RB_TSN, adapt.cooldown_until),
+	COL("at_floor_since", RB_TSN, adapt.at_floor_since),
+	COL("paused_until", RB_TSN, adapt.paused_until),
+	COL("failure_run", RB_I4, adapt.failure_run),
+	COL("breaker_trips", RB_I4, adapt.breaker_trips),
+	COL("breaker_open_until", RB_TSN, adapt.open_until),
+	COL("probe_at", RB_TSN, adapt.probe_at),
+	COL("successes", RB_I8, successes),
+	COL("failures", RB_I8, failures),
+	COL("throttles", RB_I8, throttles),
+	COL("cooldowns", RB_I8, cooldowns),
+	COL("breaker_opens", RB_I8, breaker_opens),
+	COL("malformed_headers", RB_I8, malformed_headers),
+	COL("last_status", RB_I4N, last_status),
+	COL("last_observed_at", RB_TSN, last_observed_at),
+};
 
-static const char *const peek_sql =
-"SELECT " RB_COLUMNS " FROM " RB_SCHEMA "." RB_TABLE RB_WHERE_ENDPOINT;
+#define RB_NCOLUMNS ((int) lengthof(rb_columns))
 
-static const char *const insert_sql =
-"INSERT INTO " RB_SCHEMA "." RB_TABLE
-" (endpoint, rate, capacity, tokens, refilled_at, conf_rate, conf_capacity,"
-" configured_at, last_granted_at, takes_granted, tokens_granted, created_at)"
-" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
-" ON CONFLICT (endpoint) DO NOTHING";
-
-static const char *const update_sql =
-"UPDATE " RB_SCHEMA "." RB_TABLE
-" SET rate = $2, capacity = $3, tokens = $4, refilled_at = $5,"
-" conf_rate = $6, conf_capacity = $7, configured_at = $8,"
-" last_granted_at = $9, takes_granted = $10, tokens_granted = $11"
-" WHERE ctid OPERATOR(pg_catalog.=) $1";
+/* The statements, built once from rb_columns by rb_storage_init. */
+static char *lock_sql;
+static char *lock_skip_sql;
+static char *peek_sql;
+static char *insert_sql;
+static char *update_sql;
 
 static const char *const delete_sql =
-"DELETE FROM " RB_SCHEMA "." RB_TABLE RB_WHERE_ENDPOINT;
+"DELETE FROM " RB_QUALIFIED " WHERE endpoint OPERATOR(pg_catalog.=) $1";
+
+/* Parameter types: $1, then one per column. */
+static Oid	insert_argtypes[RB_NCOLUMNS + 1];
+static Oid	update_argtypes[RB_NCOLUMNS + 1];
 
 /* Saved plans, prepared on first use in each backend. */
 static SPIPlanPtr lock_plan = NULL;
@@ -88,6 +133,27 @@ rb_storage_relcache_callback(Datum arg pg_attribute_unused(),
 	table_owner = InvalidOid;
 }
 
+/* The SQL type of a column kind. */
+static Oid
+rb_column_type(RbColumnKind kind)
+{
+	switch (kind)
+	{
+		case RB_F8:
+		case RB_F8N:
+			return FLOAT8OID;
+		case RB_I4:
+		case RB_I4N:
+			return INT4OID;
+		case RB_I8:
+			return INT8OID;
+		case RB_TS:
+		case RB_TSN:
+			break;
+	}
+	return TIMESTAMPTZOID;
+}
+
 /*
  * rb_storage_init
  *		Called once from _PG_init.
@@ -95,6 +161,48 @@ rb_storage_relcache_callback(Datum arg pg_attribute_unused(),
 void
 rb_storage_init(void)
 {
+	MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+	StringInfoData cols;
+	StringInfoData select;
+	StringInfoData insert;
+	StringInfoData update;
+	int			i;
+
+	initStringInfo(&cols);
+	initStringInfo(&insert);
+	initStringInfo(&update);
+	appendStringInfoString(&insert, "INSERT INTO " RB_QUALIFIED " (endpoint");
+	appendStringInfoString(&update, "UPDATE " RB_QUALIFIED " SET ");
+	insert_argtypes[0] = TEXTOID;
+	update_argtypes[0] = TIDOID;
+	for (i = 0; i < RB_NCOLUMNS; i++)
+	{
+		appendStringInfo(&cols, ", %s", rb_columns[i].name);
+		appendStringInfo(&insert, ", %s", rb_columns[i].name);
+		appendStringInfo(&update, "%s%s = $%d", i > 0 ? ", " : "",
+						 rb_columns[i].name, i + 2);
+		insert_argtypes[i + 1] = update_argtypes[i + 1] =
+			rb_column_type(rb_columns[i].kind);
+	}
+	appendStringInfoString(&insert, ") VALUES ($1");
+	for (i = 0; i < RB_NCOLUMNS; i++)
+		appendStringInfo(&insert, ", $%d", i + 2);
+	appendStringInfoString(&insert, ") ON CONFLICT (endpoint) DO NOTHING");
+	appendStringInfoString(&update, " WHERE ctid OPERATOR(pg_catalog.=) $1");
+
+	initStringInfo(&select);
+	appendStringInfo(&select,
+					 "SELECT ctid%s FROM " RB_QUALIFIED
+					 " WHERE endpoint OPERATOR(pg_catalog.=) $1", cols.data);
+	peek_sql = pstrdup(select.data);
+	lock_sql = psprintf("%s FOR NO KEY UPDATE", select.data);
+	lock_skip_sql = psprintf("%s FOR NO KEY UPDATE SKIP LOCKED", select.data);
+	insert_sql = insert.data;
+	update_sql = update.data;
+	pfree(cols.data);
+	pfree(select.data);
+	MemoryContextSwitchTo(oldcxt);
+
 	CacheRegisterRelcacheCallback(rb_storage_relcache_callback, (Datum) 0);
 }
 
@@ -173,26 +281,71 @@ rb_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
 	return *plan;
 }
 
-/* Read a nullable timestamptz column; false if it is NULL. */
-static bool
-rb_get_timestamp(HeapTuple tuple, TupleDesc desc, int attno, TimestampTz *out)
+/* Read column i of rb_columns from attribute attno of a tuple. */
+static void
+rb_read_column(const RbColumn *col, HeapTuple tuple, TupleDesc desc,
+			   int attno, RbBucket *bucket)
 {
 	bool		isnull;
 	Datum		d = SPI_getbinval(tuple, desc, attno, &isnull);
+	char	   *field = (char *) bucket + col->offset;
 
-	if (!isnull)
-		*out = DatumGetTimestampTz(d);
-	return !isnull;
+	switch (col->kind)
+	{
+		case RB_F8:
+		case RB_F8N:
+			*(double *) field = isnull ? get_float8_nan() : DatumGetFloat8(d);
+			break;
+		case RB_I4:
+		case RB_I4N:
+			*(int32 *) field = isnull ? -1 : DatumGetInt32(d);
+			break;
+		case RB_I8:
+			*(int64 *) field = isnull ? 0 : DatumGetInt64(d);
+			break;
+		case RB_TS:
+		case RB_TSN:
+			*(TimestampTz *) field = isnull ? RB_NO_TIME : DatumGetTimestampTz(d);
+			break;
+	}
 }
 
-/* Read a float8 column; NULL reads as 0. */
-static double
-rb_get_float8(HeapTuple tuple, TupleDesc desc, int attno)
+/* Bind column col of a bucket as a parameter value. */
+static void
+rb_bind_column(const RbColumn *col, const RbBucket *bucket,
+			   Datum *value, char *null)
 {
-	bool		isnull;
-	Datum		d = SPI_getbinval(tuple, desc, attno, &isnull);
+	const char *field = (const char *) bucket + col->offset;
 
-	return isnull ? 0.0 : DatumGetFloat8(d);
+	*null = ' ';
+	switch (col->kind)
+	{
+		case RB_F8:
+			*value = Float8GetDatum(*(const double *) field);
+			break;
+		case RB_F8N:
+			*value = Float8GetDatum(*(const double *) field);
+			if (isnan(*(const double *) field))
+				*null = 'n';
+			break;
+		case RB_I4:
+			*value = Int32GetDatum(*(const int32 *) field);
+			break;
+		case RB_I4N:
+			*value = Int32GetDatum(*(const int32 *) field);
+			if (*(const int32 *) field < 0)
+				*null = 'n';
+			break;
+		case RB_I8:
+			*value = Int64GetDatum(*(const int64 *) field);
+			break;
+		case RB_TS:
+		case RB_TSN:
+			*value = TimestampTzGetDatum(*(const TimestampTz *) field);
+			if (col->kind == RB_TSN && *(const TimestampTz *) field == RB_NO_TIME)
+				*null = 'n';
+			break;
+	}
 }
 
 /* Run a SELECT by endpoint; fill *bucket and return true if a row came back. */
@@ -205,6 +358,7 @@ rb_select(SPIPlanPtr *plan, const char *sql, text *endpoint, RbBucket *bucket)
 	TupleDesc	desc;
 	bool		isnull;
 	int			rc;
+	int			i;
 
 	values[0] = PointerGetDatum(endpoint);
 	rc = SPI_execute_plan(rb_plan(plan, sql, 1, argtypes), values, NULL,
@@ -218,18 +372,39 @@ rb_select(SPIPlanPtr *plan, const char *sql, text *endpoint, RbBucket *bucket)
 	desc = SPI_tuptable->tupdesc;
 	memset(bucket, 0, sizeof(*bucket));
 	bucket->tid = *((ItemPointer) DatumGetPointer(SPI_getbinval(tuple, desc, 1, &isnull)));
-	bucket->rate = rb_get_float8(tuple, desc, 2);
-	bucket->capacity = rb_get_float8(tuple, desc, 3);
-	bucket->state.tokens = rb_get_float8(tuple, desc, 4);
-	rb_get_timestamp(tuple, desc, 5, &bucket->state.refilled_at);
-	bucket->configured = rb_get_timestamp(tuple, desc, 8, &bucket->configured_at);
-	bucket->conf_rate = rb_get_float8(tuple, desc, 6);
-	bucket->conf_capacity = rb_get_float8(tuple, desc, 7);
-	rb_get_timestamp(tuple, desc, 9, &bucket->created_at);
-	bucket->has_granted = rb_get_timestamp(tuple, desc, 10, &bucket->last_granted_at);
-	bucket->takes_granted = DatumGetInt64(SPI_getbinval(tuple, desc, 11, &isnull));
-	bucket->tokens_granted = rb_get_float8(tuple, desc, 12);
+	for (i = 0; i < RB_NCOLUMNS; i++)
+		rb_read_column(&rb_columns[i], tuple, desc, i + 2, bucket);
 	return true;
+}
+
+/*
+ * rb_storage_from_row
+ *		Read a ratebucket.buckets row passed as a composite value (for
+ *		functions that compute from a row their caller already has).
+ */
+void
+rb_storage_from_row(HeapTupleHeader row, RbBucket *bucket)
+{
+	TupleDesc	desc = lookup_rowtype_tupdesc(HeapTupleHeaderGetTypeId(row),
+											  HeapTupleHeaderGetTypMod(row));
+	HeapTupleData tuple;
+	int			i;
+
+	tuple.t_len = HeapTupleHeaderGetDatumLength(row);
+	ItemPointerSetInvalid(&tuple.t_self);
+	tuple.t_tableOid = InvalidOid;
+	tuple.t_data = row;
+
+	memset(bucket, 0, sizeof(*bucket));
+	for (i = 0; i < RB_NCOLUMNS; i++)
+	{
+		int			attno = SPI_fnumber(desc, rb_columns[i].name);
+
+		if (attno <= 0)
+			elog(ERROR, "bucket row has no column \"%s\"", rb_columns[i].name);
+		rb_read_column(&rb_columns[i], &tuple, desc, attno, bucket);
+	}
+	ReleaseTupleDesc(desc);
 }
 
 /*
@@ -268,22 +443,25 @@ rb_storage_peek(text *endpoint, RbBucket *bucket)
 	return rb_select(&peek_plan, peek_sql, endpoint, bucket);
 }
 
-/* Fill the parameters $2..$12 shared by INSERT and UPDATE (from index 1). */
-static void
-rb_row_params(const RbBucket *bucket, Datum *values, char *nulls)
+/* Run INSERT or UPDATE with $1 = first and the bucket's columns after. */
+static int
+rb_write(SPIPlanPtr *plan, const char *sql, Oid *argtypes, Datum first,
+		 const RbBucket *bucket, int expect)
 {
-	values[1] = Float8GetDatum(bucket->rate);
-	values[2] = Float8GetDatum(bucket->capacity);
-	values[3] = Float8GetDatum(bucket->state.tokens);
-	values[4] = TimestampTzGetDatum(bucket->state.refilled_at);
-	values[5] = Float8GetDatum(bucket->conf_rate);
-	values[6] = Float8GetDatum(bucket->conf_capacity);
-	values[7] = TimestampTzGetDatum(bucket->configured_at);
-	nulls[5] = nulls[6] = nulls[7] = bucket->configured ? ' ' : 'n';
-	values[8] = TimestampTzGetDatum(bucket->last_granted_at);
-	nulls[8] = bucket->has_granted ? ' ' : 'n';
-	values[9] = Int64GetDatum(bucket->takes_granted);
-	values[10] = Float8GetDatum(bucket->tokens_granted);
+	Datum		values[RB_NCOLUMNS + 1];
+	char		nulls[RB_NCOLUMNS + 1];
+	int			rc;
+	int			i;
+
+	values[0] = first;
+	nulls[0] = ' ';
+	for (i = 0; i < RB_NCOLUMNS; i++)
+		rb_bind_column(&rb_columns[i], bucket, &values[i + 1], &nulls[i + 1]);
+	rc = SPI_execute_plan(rb_plan(plan, sql, RB_NCOLUMNS + 1, argtypes),
+						  values, nulls, false, 0);
+	if (rc != expect)
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	return SPI_processed;
 }
 
 /*
@@ -295,48 +473,19 @@ rb_row_params(const RbBucket *bucket, Datum *values, char *nulls)
 bool
 rb_storage_insert(text *endpoint, const RbBucket *bucket)
 {
-	Oid			argtypes[12] = {TEXTOID, FLOAT8OID, FLOAT8OID, FLOAT8OID,
-		TIMESTAMPTZOID, FLOAT8OID, FLOAT8OID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, INT8OID, FLOAT8OID, TIMESTAMPTZOID};
-	Datum		values[12];
-	char		nulls[12];
-	int			rc;
-
-	memset(nulls, ' ', sizeof(nulls));
-	values[0] = PointerGetDatum(endpoint);
-	rb_row_params(bucket, values, nulls);
-	values[11] = TimestampTzGetDatum(bucket->created_at);
-
-	rc = SPI_execute_plan(rb_plan(&insert_plan, insert_sql, 12, argtypes),
-						  values, nulls, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-	return SPI_processed == 1;
+	return rb_write(&insert_plan, insert_sql, insert_argtypes,
+					PointerGetDatum(endpoint), bucket, SPI_OK_INSERT) == 1;
 }
 
 /*
  * rb_storage_update
- *		Write a locked row back: limits, state, configuration and counters.
+ *		Write a locked row back, every column the C code knows.
  */
 void
 rb_storage_update(const RbBucket *bucket)
 {
-	Oid			argtypes[11] = {TIDOID, FLOAT8OID, FLOAT8OID, FLOAT8OID,
-		TIMESTAMPTZOID, FLOAT8OID, FLOAT8OID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, INT8OID, FLOAT8OID};
-	Datum		values[11];
-	char		nulls[11];
-	int			rc;
-
-	memset(nulls, ' ', sizeof(nulls));
-	values[0] = PointerGetDatum(&bucket->tid);
-	rb_row_params(bucket, values, nulls);
-
-	rc = SPI_execute_plan(rb_plan(&update_plan, update_sql, 11, argtypes),
-						  values, nulls, false, 0);
-	if (rc != SPI_OK_UPDATE)
-		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-	if (SPI_processed != 1)
+	if (rb_write(&update_plan, update_sql, update_argtypes,
+				 PointerGetDatum(&bucket->tid), bucket, SPI_OK_UPDATE) != 1)
 		elog(ERROR, "bucket row to update was not found at its locked position");
 }
 

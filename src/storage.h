@@ -14,28 +14,51 @@
 
 #include "postgres.h"
 
+#include "access/htup_details.h"
 #include "storage/itemptr.h"
 #include "utils/timestamp.h"
 
+#include <math.h>
+
+#include "adapt.h"
 #include "arith.h"
 
-/* One bucket row, as the C code sees it. */
+/*
+ * One bucket row, as the C code sees it.  A NULL column reads as NaN (for
+ * float8), -1 (for int4) or RB_NO_TIME (for timestamptz), and is written
+ * back as NULL.
+ */
 typedef struct RbBucket
 {
 	ItemPointerData tid;		/* where the row is (valid after a lock) */
-	double		rate;			/* limits in force */
+	double		rate;			/* limits in force (the ceiling) */
 	double		capacity;
 	RbState		state;			/* tokens at refilled_at */
-	bool		configured;		/* conf_* and configured_at are set */
+	RbAdapt		adapt;			/* what destinations said */
+	/* configuration (bucket_configure) */
 	double		conf_rate;
 	double		conf_capacity;
+	double		conf_floor_rate;
+	double		conf_throttle_factor;
+	double		conf_recovery_factor;
+	int32		conf_breaker_failures;
 	TimestampTz configured_at;
+	/* history and counters */
 	TimestampTz created_at;
-	bool		has_granted;	/* last_granted_at is set */
 	TimestampTz last_granted_at;
 	int64		takes_granted;
 	double		tokens_granted;
+	int64		successes;
+	int64		failures;
+	int64		throttles;
+	int64		cooldowns;
+	int64		breaker_opens;
+	int64		malformed_headers;
+	int32		last_status;
+	TimestampTz last_observed_at;
 } RbBucket;
+
+#define rb_is_configured(bucket) (!isnan((bucket)->conf_rate))
 
 /* What rb_storage_begin saved, for rb_storage_end to restore. */
 typedef struct RbStorageSession
@@ -55,5 +78,6 @@ extern bool rb_storage_lock_or_insert(text *endpoint, RbBucket *bucket,
 									  const RbBucket *fresh);
 extern void rb_storage_update(const RbBucket *bucket);
 extern bool rb_storage_delete(text *endpoint);
+extern void rb_storage_from_row(HeapTupleHeader row, RbBucket *bucket);
 
 #endif							/* RATEBUCKET_STORAGE_H */

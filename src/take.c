@@ -18,8 +18,10 @@
 #include "access/htup_details.h"
 #include "funcapi.h"
 #include "utils/builtins.h"
+#include "utils/float.h"
 #include "utils/timestamp.h"
 
+#include "adapt.h"
 #include "arith.h"
 #include "ratebucket.h"
 #include "storage.h"
@@ -33,7 +35,6 @@ PG_FUNCTION_INFO_V1(ratebucket_ready);
 static void
 rb_count_grant(RbBucket *bucket, double want, TimestampTz now)
 {
-	bucket->has_granted = true;
 	bucket->last_granted_at = now;
 	bucket->takes_granted++;
 	bucket->tokens_granted += want;
@@ -52,7 +53,18 @@ rb_new_bucket(RbBucket *bucket, double rate, double capacity, TimestampTz now)
 	bucket->capacity = capacity;
 	bucket->state.tokens = capacity;
 	bucket->state.refilled_at = now;
+	rb_adapt_init(&bucket->adapt);
+	bucket->conf_rate = get_float8_nan();
+	bucket->conf_capacity = get_float8_nan();
+	bucket->conf_floor_rate = get_float8_nan();
+	bucket->conf_throttle_factor = get_float8_nan();
+	bucket->conf_recovery_factor = get_float8_nan();
+	bucket->conf_breaker_failures = -1;
+	bucket->configured_at = RB_NO_TIME;
 	bucket->created_at = now;
+	bucket->last_granted_at = RB_NO_TIME;
+	bucket->last_status = -1;
+	bucket->last_observed_at = RB_NO_TIME;
 }
 
 /* The error for a configured take of an endpoint that was not configured. */
@@ -64,6 +76,49 @@ rb_not_configured(text *endpoint)
 			 errmsg("endpoint \"%s\" is not configured", text_to_cstring(endpoint)),
 			 errhint("Call ratebucket.bucket_configure(endpoint, rate, capacity) first, "
 					 "or pass rate and capacity to bucket_take.")));
+}
+
+/*
+ * rb_decide
+ *		Decide a take of "want" from a bucket at "now", with the take's
+ *		limits: first what stops any take (a pause, an open breaker, a probe
+ *		already out), then the tokens at the effective rate.  Refills and
+ *		takes in bucket->state; marks a granted half-open probe.
+ */
+static RbTakeResult
+rb_decide(RbBucket *bucket, double rate, double capacity, double want,
+		  TimestampTz now)
+{
+	RbPolicy	policy;
+	RbTakeResult result;
+	RbGateReason gate;
+	int64		until;
+	double		effective;
+
+	rb_bucket_policy(bucket, rate, &policy);
+	gate = rb_gate(&bucket->adapt, &policy, now, &until);
+	effective = rate * rb_factor_now(&bucket->adapt, &policy, now);
+
+	if (gate == RB_GATE_PAUSED || gate == RB_GATE_BREAKER_OPEN ||
+		gate == RB_GATE_PROBE_IN_FLIGHT)
+	{
+		double		wait = ((double) until - (double) now) / RB_USECS_PER_SEC;
+
+		/* an indefinite pause: look again after the longest cooldown */
+		if (gate == RB_GATE_PAUSED &&
+			wait > (double) policy.max_cooldown / RB_USECS_PER_SEC)
+			wait = (double) policy.max_cooldown / RB_USECS_PER_SEC;
+		result.allowed = false;
+		result.remaining = rb_refill(bucket->state.tokens, effective, capacity,
+									 bucket->state.refilled_at, now);
+		result.wait_seconds = wait;
+		return result;
+	}
+
+	result = rb_take(&bucket->state, effective, capacity, want, now);
+	if (result.allowed && gate == RB_GATE_PROBE)
+		bucket->adapt.probe_at = now;
+	return result;
 }
 
 /*
@@ -83,13 +138,12 @@ rb_peek_refuses(RbBucket *peeked, bool use_config, double rate,
 {
 	if (use_config)
 	{
-		if (!peeked->configured || want > peeked->conf_capacity)
+		if (!rb_is_configured(peeked) || want > peeked->conf_capacity)
 			return false;
 		rate = peeked->conf_rate;
 		capacity = peeked->conf_capacity;
 	}
-	*result = rb_take(&peeked->state, rate, capacity, want,
-					  GetCurrentTimestamp());
+	*result = rb_decide(peeked, rate, capacity, want, GetCurrentTimestamp());
 	return !result->allowed;
 }
 
@@ -154,14 +208,14 @@ rb_take_with_limits(text *endpoint, bool use_config,
 
 	if (use_config)
 	{
-		if (!bucket.configured)
+		if (!rb_is_configured(&bucket))
 			rb_not_configured(endpoint);
 		rate = bucket.conf_rate;
 		capacity = bucket.conf_capacity;
 		rb_check_tokens_fit(want, capacity);
 	}
 
-	result = rb_take(&bucket.state, rate, capacity, want, now);
+	result = rb_decide(&bucket, rate, capacity, want, now);
 	if (result.allowed)
 	{
 		bucket.rate = rate;
@@ -239,7 +293,9 @@ ratebucket_take_configured(PG_FUNCTION_ARGS)
 /*
  * bucket_ready(endpoint text, tokens float8) returns boolean
  *		Would a take of "tokens" be granted now?  Judged from the last
- *		committed row with the limits it stores, without locking: a peek for
+ *		committed row with the limits it stores (its configuration, if it has
+ *		one), including a cooldown, a pause or an open breaker, without
+ *		locking: a peek for
  *		a claim's WHERE clause, which the take itself then confirms.  An
  *		unknown endpoint is ready, since its bucket would start full.
  */
@@ -259,11 +315,14 @@ ratebucket_ready(PG_FUNCTION_ARGS)
 
 	if (found)
 	{
-		double		have = rb_refill(bucket.state.tokens, bucket.rate,
-									 bucket.capacity, bucket.state.refilled_at,
-									 GetCurrentTimestamp());
+		bool		configured = rb_is_configured(&bucket);
+		RbTakeResult result;
 
-		ready = have >= want;
+		result = rb_decide(&bucket,
+						   configured ? bucket.conf_rate : bucket.rate,
+						   configured ? bucket.conf_capacity : bucket.capacity,
+						   want, GetCurrentTimestamp());
+		ready = result.allowed;
 	}
 	PG_RETURN_BOOL(ready);
 }

@@ -82,6 +82,20 @@ rb_arg_bounded(FunctionCallInfo fcinfo, int argno, const char *what,
 	return v;
 }
 
+/*
+ * rb_arg_optional
+ *		An optional float8 argument: NULL (use the default) reads as NaN;
+ *		anything else must be a finite number within the bounds.
+ */
+double
+rb_arg_optional(FunctionCallInfo fcinfo, int argno, const char *what,
+				double lo, bool lo_inclusive, double hi)
+{
+	if (PG_ARGISNULL(argno))
+		return get_float8_nan();
+	return rb_arg_bounded(fcinfo, argno, what, lo, lo_inclusive, hi);
+}
+
 /* A rate: tokens per second, RB_MIN_RATE to RB_MAX_RATE. */
 double
 rb_arg_rate(FunctionCallInfo fcinfo, int argno)

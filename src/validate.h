@@ -24,5 +24,8 @@ extern double rb_arg_rate(FunctionCallInfo fcinfo, int argno);
 extern double rb_arg_capacity(FunctionCallInfo fcinfo, int argno);
 extern double rb_arg_tokens(FunctionCallInfo fcinfo, int argno);
 extern void rb_check_tokens_fit(double tokens, double capacity);
+extern double rb_arg_optional(FunctionCallInfo fcinfo, int argno,
+							  const char *what, double lo, bool lo_inclusive,
+							  double hi);
 
 #endif							/* RATEBUCKET_VALIDATE_H */

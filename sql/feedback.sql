@@ -1,0 +1,254 @@
+--
+-- feedback: bucket_observe, cooldowns, the effective rate (decrease, floor,
+-- recovery), the circuit breaker, pause and resume.
+--
+-- Where time matters, the tests either use short durations set for this
+-- session (the settings are superuser-only), or compute the state at an
+-- explicit time with bucket_now(row, at).
+--
+-- Start from an empty table (earlier tests leave buckets behind).
+SELECT count(*) >= 0 AS cleared
+FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
+\set VERBOSITY terse
+
+-- The outcome table: one fresh bucket per status.
+SELECT s.label, o.outcome, o.breaker
+FROM (VALUES ('200', 200, NULL), ('204', 204, NULL), ('299', 299, NULL),
+			 ('100', 100, NULL), ('301', 301, NULL), ('304', 304, NULL),
+			 ('400', 400, NULL), ('404', 404, NULL), ('409', 409, NULL),
+			 ('408', 408, NULL), ('429', 429, NULL), ('429 + Retry-After', 429, '3'),
+			 ('500', 500, NULL), ('502', 502, NULL), ('504', 504, NULL),
+			 ('503', 503, NULL), ('503 + Retry-After', 503, '3'),
+			 ('0 (no response)', 0, NULL), ('NULL (no response)', NULL, NULL))
+	 AS s(label, status, ra),
+	 LATERAL (SELECT ratebucket.bucket_take('o:' || s.label, 100, 10)) AS t,
+	 LATERAL ratebucket.bucket_observe('o:' || s.label, s.status, s.ra) AS o
+ORDER BY s.label;
+-- What each did to its bucket.
+SELECT endpoint, successes, failures, throttles, cooldowns, failure_run,
+	   cooldown_seconds > 0 AS cooling, effective_rate, last_status
+FROM ratebucket.bucket_status WHERE endpoint LIKE 'o:%' ORDER BY endpoint;
+
+-- An endpoint without a bucket: the outcome is reported, nothing changes.
+SELECT * FROM ratebucket.bucket_observe('o:unknown', 429, '10');
+SELECT count(*) FROM ratebucket.buckets WHERE endpoint = 'o:unknown';
+
+--
+-- 429: a cooldown, and the effective rate halves down to the floor.
+--
+SELECT ratebucket.bucket_configure('f:api', 100, 10);
+SELECT outcome, round(cooldown_seconds::numeric, 1) AS cooldown, effective_rate, breaker
+FROM ratebucket.bucket_observe('f:api', 429, '2');
+-- During the cooldown: not ready, and a take waits at least until its end.
+SELECT ratebucket.bucket_ready('f:api') AS ready;
+SELECT allowed, wait_seconds > 1.9 AND wait_seconds < 2.2 AS waits_past_cooldown
+FROM ratebucket.bucket_take('f:api');
+SELECT allowed, wait_seconds > 1.9 AND wait_seconds < 2.2 AS waits_past_cooldown
+FROM ratebucket.bucket_take('f:api', 1000, 1000);
+-- Each 429 halves the rate; the default floor is 10% of the rate (10/s).
+SELECT effective_rate FROM ratebucket.bucket_observe('f:api', 429, '1');
+SELECT effective_rate FROM ratebucket.bucket_observe('f:api', 429, '1');
+SELECT effective_rate, breaker FROM ratebucket.bucket_observe('f:api', 429, '1');
+SELECT effective_rate FROM ratebucket.bucket_observe('f:api', 429, '1');
+SELECT effective_rate, at_floor_since IS NOT NULL AS at_floor, throttles, cooldowns,
+	   failures, failure_run
+FROM ratebucket.bucket_status WHERE endpoint = 'f:api';
+
+-- Recovery, computed from time: held during the cooldown, then x1.10 per
+-- 60 s, never above the configured rate.  At explicit times:
+SELECT b.cooldown_until AS cd FROM ratebucket.buckets b WHERE endpoint = 'f:api' \gset
+SELECT d.label, round(n.effective_rate::numeric, 3) AS effective_rate,
+	   n.at_floor_since IS NOT NULL AS at_floor, round(n.cooldown_seconds::numeric, 3) AS cooldown
+FROM ratebucket.buckets b,
+	 (VALUES ('during the cooldown', interval '-0.5 s'), ('cooldown end', '0'),
+			 ('+60 s', '60 s'), ('+120 s', '120 s'), ('+600 s', '600 s'),
+			 ('+1 hour', '1 hour'), ('+1 day', '1 day')) AS d(label, after),
+	 LATERAL ratebucket.bucket_now(b, :'cd'::timestamptz + d.after) AS n
+WHERE b.endpoint = 'f:api'
+ORDER BY d.after;
+
+-- A configured floor: 30/s.
+SELECT ratebucket.bucket_configure('f:floor', 100, 10, floor_rate => 30);
+SELECT effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '1');
+SELECT effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '1');
+SELECT effective_rate, at_floor_since IS NOT NULL AS at_floor
+FROM ratebucket.bucket_status WHERE endpoint = 'f:floor';
+-- A gentler multiplier, configured: x0.8.
+SELECT ratebucket.bucket_configure('f:gentle', 100, 10, throttle_factor => 0.8);
+SELECT round(effective_rate::numeric, 6) AS effective_rate FROM ratebucket.bucket_observe('f:gentle', 429, '1');
+SELECT round(effective_rate::numeric, 6) AS effective_rate FROM ratebucket.bucket_observe('f:gentle', 429, '1');
+-- Explicit limits: the decrease applies on top of the rate each take passes.
+SELECT allowed FROM ratebucket.bucket_take('f:explicit', 40, 5);
+SELECT effective_rate FROM ratebucket.bucket_observe('f:explicit', 429, '1');
+
+--
+-- Retry-After, clamped to [min_cooldown, max_cooldown]; a malformed value is
+-- the destination's fault: the default cooldown, and it is counted.
+--
+SET ratebucket.max_cooldown = '10s';
+SELECT ra.label, round(o.cooldown_seconds::numeric, 0) AS cooldown
+FROM (VALUES ('delta 4', '4'),
+			 ('delta 0', '0'),
+			 ('huge delta', '99999999'),
+			 ('date in 6 s', to_char(clock_timestamp() AT TIME ZONE 'UTC' + interval '6.5 s',
+									 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')),
+			 ('date in the past', 'Sun, 06 Nov 1994 08:49:37 GMT'),
+			 ('malformed', 'soon'),
+			 ('negative', '-5')) AS ra(label, value),
+	 LATERAL (SELECT ratebucket.bucket_take('r:' || ra.label, 10, 10)) AS t,
+	 LATERAL ratebucket.bucket_observe('r:' || ra.label, 429, ra.value) AS o
+ORDER BY ra.label;
+SELECT endpoint, malformed_headers FROM ratebucket.bucket_status
+WHERE endpoint LIKE 'r:%' ORDER BY endpoint;
+RESET ratebucket.max_cooldown;
+-- Retry-After may also come in the headers (any case); the argument wins.
+SELECT allowed FROM ratebucket.bucket_take('r:headers', 10, 10);
+SELECT round(cooldown_seconds::numeric, 0) AS cooldown
+FROM ratebucket.bucket_observe('r:headers', 503, NULL, '{"retry-AFTER": "7"}');
+SELECT round(cooldown_seconds::numeric, 0) AS cooldown
+FROM ratebucket.bucket_observe('r:headers', 503, '8', '{"Retry-After": "3"}');
+-- A shorter cooldown never cuts a longer one short.
+SELECT round(cooldown_seconds::numeric, 0) AS cooldown
+FROM ratebucket.bucket_observe('r:headers', 503, '2');
+
+--
+-- Rate-limit headers, whatever the status.
+--
+SELECT ratebucket.bucket_configure('h:api', 100, 10);
+-- Remaining 0: a cooldown until the reset.
+SELECT outcome, round(cooldown_seconds::numeric, 0) AS cooldown, effective_rate
+FROM ratebucket.bucket_observe('h:api', 200, NULL,
+	'{"X-RateLimit-Limit": "1000", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "4"}');
+-- A published limit below the rate lowers the effective rate (20 per 1 s).
+SELECT outcome, effective_rate
+FROM ratebucket.bucket_observe('h:api', 200, NULL, '{"RateLimit-Policy": "20;w=1"}');
+-- Above the rate, it changes nothing.
+SELECT ratebucket.bucket_configure('h:high', 100, 10);
+SELECT effective_rate
+FROM ratebucket.bucket_observe('h:high', 200, NULL, '{"RateLimit-Policy": "\"default\";q=6000;w=10"}');
+-- A 429 with no Retry-After but a reset: the reset is the cooldown.
+SELECT round(cooldown_seconds::numeric, 0) AS cooldown
+FROM ratebucket.bucket_observe('h:high', 429, NULL, '{"RateLimit": "limit=100, remaining=0, reset=6"}');
+-- Malformed headers are counted, never an error.
+SELECT outcome, effective_rate
+FROM ratebucket.bucket_observe('h:high', 200, NULL,
+	'{"X-RateLimit-Remaining": "lots", "RateLimit-Policy": "???", "Retry-After": "later"}');
+SELECT malformed_headers FROM ratebucket.bucket_status WHERE endpoint = 'h:high';
+
+--
+-- The circuit breaker: opens after a run of failures (3 here), stays open,
+-- lets one probe through when half-open; the probe's success closes it, its
+-- failure reopens it for twice as long.  Short periods for the test.
+--
+SET ratebucket.breaker_open = '300ms';
+SET ratebucket.breaker_max_open = '500ms';
+SELECT ratebucket.bucket_configure('b:dest', 1000, 100, breaker_failures => 3);
+SELECT outcome, breaker FROM ratebucket.bucket_observe('b:dest', 500);
+SELECT outcome, breaker FROM ratebucket.bucket_observe('b:dest', 0);
+-- a success ends the run
+SELECT outcome, breaker FROM ratebucket.bucket_observe('b:dest', 200);
+SELECT outcome, breaker FROM ratebucket.bucket_observe('b:dest', 502);
+SELECT outcome, breaker FROM ratebucket.bucket_observe('b:dest', NULL);
+-- a neutral outcome is not a failure; a 408 (request timeout) is: the third
+SELECT outcome, breaker FROM ratebucket.bucket_observe('b:dest', 404);
+SELECT outcome, breaker FROM ratebucket.bucket_observe('b:dest', 408);
+SELECT breaker, breaker_seconds > 0.2 AS open_for_a_while, failures, failure_run, breaker_opens
+FROM ratebucket.bucket_status WHERE endpoint = 'b:dest';
+-- Open: takes are refused until it half-opens, and the refusals are not failures.
+SELECT allowed, wait_seconds > 0.2 AND wait_seconds <= 0.3 AS waits_for_half_open
+FROM ratebucket.bucket_take('b:dest');
+SELECT ratebucket.bucket_ready('b:dest') AS ready;
+SELECT failures, failure_run FROM ratebucket.bucket_status WHERE endpoint = 'b:dest';
+-- Outcomes of requests sent before it opened are counted but do not move
+-- the breaker.
+SELECT outcome, breaker FROM ratebucket.bucket_observe('b:dest', 500);
+SELECT pg_sleep(0.35);
+-- Half-open: one probe goes; the next take waits for its outcome.
+SELECT breaker FROM ratebucket.bucket_status WHERE endpoint = 'b:dest';
+SELECT ratebucket.bucket_ready('b:dest') AS ready;
+SELECT allowed FROM ratebucket.bucket_take('b:dest') AS probe;
+SELECT allowed, wait_seconds > 0 AS must_wait FROM ratebucket.bucket_take('b:dest');
+SELECT ratebucket.bucket_ready('b:dest') AS ready;
+-- The probe failed: open again, for twice as long (capped at 500 ms).
+SELECT outcome, breaker FROM ratebucket.bucket_observe('b:dest', 503);
+SELECT breaker, breaker_seconds > 0.4 AS open_longer, breaker_opens
+FROM ratebucket.bucket_status WHERE endpoint = 'b:dest';
+SELECT pg_sleep(0.55);
+SELECT allowed FROM ratebucket.bucket_take('b:dest') AS probe;
+-- The probe succeeded: closed, and takes flow again.
+SELECT outcome, breaker FROM ratebucket.bucket_observe('b:dest', 200);
+SELECT allowed FROM ratebucket.bucket_take('b:dest');
+SELECT allowed FROM ratebucket.bucket_take('b:dest');
+SELECT breaker, failure_run, breaker_opens FROM ratebucket.bucket_status WHERE endpoint = 'b:dest';
+-- The half-open state at an explicit time, from the row alone.
+SELECT ratebucket.bucket_configure('b:other', 1000, 100, breaker_failures => 1);
+SELECT breaker FROM ratebucket.bucket_observe('b:other', 500);
+SELECT n.breaker, n.breaker_seconds
+FROM ratebucket.buckets b, LATERAL ratebucket.bucket_now(b, b.breaker_open_until + interval '1 ms') n
+WHERE b.endpoint = 'b:other';
+-- breaker_failures => 0 disables the breaker.
+SELECT ratebucket.bucket_configure('b:never', 1000, 100, breaker_failures => 0);
+SELECT count(*) FILTER (WHERE o.breaker = 'closed') AS closed_after_10_failures
+FROM generate_series(1, 10), LATERAL ratebucket.bucket_observe('b:never', 500) o;
+RESET ratebucket.breaker_open;
+RESET ratebucket.breaker_max_open;
+
+--
+-- Pause and resume by hand.
+--
+SELECT ratebucket.bucket_configure('p:dest', 1000, 100);
+SELECT ratebucket.bucket_pause('p:dest') AS paused, ratebucket.bucket_pause('p:missing') AS paused_missing;
+SELECT allowed, wait_seconds FROM ratebucket.bucket_take('p:dest');
+SELECT ratebucket.bucket_ready('p:dest') AS ready;
+SELECT paused FROM ratebucket.bucket_status WHERE endpoint = 'p:dest';
+SELECT ratebucket.bucket_resume('p:dest') AS resumed;
+SELECT allowed FROM ratebucket.bucket_take('p:dest');
+SELECT ratebucket.bucket_pause('p:dest', '2 seconds');
+SELECT allowed, wait_seconds > 1.9 AND wait_seconds <= 2 AS waits_for_the_pause
+FROM ratebucket.bucket_take('p:dest');
+SELECT ratebucket.bucket_pause('p:dest', '-1 second');
+SELECT ratebucket.bucket_pause('p:dest', '0');
+
+--
+-- bucket_reset forgets all of it; expiry never deletes a bucket that still
+-- remembers something.
+--
+SELECT ratebucket.bucket_reset('f:api');
+SELECT effective_rate, cooldown_seconds, breaker, at_floor_since, round(tokens::numeric, 3) AS tokens
+FROM ratebucket.bucket_status WHERE endpoint = 'f:api';
+SELECT allowed FROM ratebucket.bucket_take('x:throttled', 1000, 1, 1);
+SELECT outcome FROM ratebucket.bucket_observe('x:throttled', 429, '0');
+SELECT allowed FROM ratebucket.bucket_take('x:failing', 1000, 1, 1);
+SELECT outcome FROM ratebucket.bucket_observe('x:failing', 500);
+SELECT allowed FROM ratebucket.bucket_take('x:quiet', 1000, 1, 1);
+SELECT pg_sleep(0.01);
+SELECT ratebucket.bucket_expire('0') > 0 AS expired_some;
+SELECT endpoint FROM ratebucket.buckets WHERE endpoint LIKE 'x:%' ORDER BY endpoint;
+
+--
+-- Bad input: a clear error, nothing changed.
+--
+SELECT * FROM ratebucket.bucket_observe('f:api', 1000);
+SELECT * FROM ratebucket.bucket_observe('f:api', -1);
+SELECT * FROM ratebucket.bucket_observe('f:api', 99);
+SELECT * FROM ratebucket.bucket_observe('f:api', 200, NULL, '[1, 2]');
+SELECT * FROM ratebucket.bucket_observe('f:api', 200, NULL, '"text"');
+SELECT * FROM ratebucket.bucket_observe(NULL, 200);
+SELECT * FROM ratebucket.bucket_observe('', 200);
+SELECT ratebucket.bucket_configure('f:api', 100, 10, floor_rate => 0);
+SELECT ratebucket.bucket_configure('f:api', 100, 10, floor_rate => 'NaN');
+SELECT ratebucket.bucket_configure('f:api', 100, 10, throttle_factor => 0);
+SELECT ratebucket.bucket_configure('f:api', 100, 10, throttle_factor => 1.5);
+SELECT ratebucket.bucket_configure('f:api', 100, 10, recovery_factor => 0.9);
+SELECT ratebucket.bucket_configure('f:api', 100, 10, breaker_failures => -1);
+SELECT ratebucket.bucket_pause(NULL);
+SELECT ratebucket.bucket_resume('');
+SELECT successes, failures, throttles, last_status FROM ratebucket.bucket_status WHERE endpoint = 'f:api';
+-- Unprivileged roles cannot change the policy's settings.
+CREATE ROLE regress_rb_plain;
+SET ROLE regress_rb_plain;
+SET ratebucket.max_cooldown = '1s';
+SET ratebucket.throttle_factor = 1;
+RESET ROLE;
+DROP ROLE regress_rb_plain;
+\set VERBOSITY default

@@ -1,0 +1,324 @@
+/*-------------------------------------------------------------------------
+ *
+ * adapt.c
+ *	  Learning from destinations: outcomes, cooldowns, the effective rate,
+ *	  pause, and the circuit breaker, as pure functions of the stored state,
+ *	  the policy and the clock.
+ *
+ * Nothing here needs a background job: the effective rate recovers as a
+ * function of time, computed whenever the row is read, and the breaker's
+ * half-open state is simply "open_until has passed".
+ *
+ * A cooldown empties the bucket and moves its refill time to the end of the
+ * cooldown.  The arithmetic of arith.c then does the rest: nothing refills
+ * before that time, wait_seconds reaches past it, and when it ends the
+ * destination receives a trickle at the effective rate, not a full burst.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include <math.h>
+
+#include "adapt.h"
+
+/* rb_adapt_init: the state of a bucket nobody has heard from. */
+void
+rb_adapt_init(RbAdapt *adapt)
+{
+	adapt->rate_factor = 1.0;
+	adapt->factor_at = RB_NO_TIME;
+	adapt->cooldown_until = RB_NO_TIME;
+	adapt->at_floor_since = RB_NO_TIME;
+	adapt->paused_until = RB_NO_TIME;
+	adapt->failure_run = 0;
+	adapt->breaker_trips = 0;
+	adapt->open_until = RB_NO_TIME;
+	adapt->probe_at = RB_NO_TIME;
+}
+
+/*
+ * rb_classify
+ *		What a delivery's outcome means.  has_status false (SQL NULL) and a
+ *		status of 0 both stand for "no response": a connection failure or a
+ *		timeout.
+ */
+RbOutcome
+rb_classify(int status, bool has_status, bool has_retry_after)
+{
+	if (!has_status || status == 0)
+		return RB_OUTCOME_FAILURE;
+	if (status >= 200 && status <= 299)
+		return RB_OUTCOME_SUCCESS;
+	if (status == 429)
+		return RB_OUTCOME_THROTTLED;
+	if (status == 503 && has_retry_after)
+		return RB_OUTCOME_UNAVAILABLE;
+	if (status == 408 || (status >= 500 && status <= 599))
+		return RB_OUTCOME_FAILURE;
+	return RB_OUTCOME_NEUTRAL;
+}
+
+/* rb_outcome_name: the outcome as bucket_observe reports it. */
+const char *
+rb_outcome_name(RbOutcome outcome)
+{
+	switch (outcome)
+	{
+		case RB_OUTCOME_SUCCESS:
+			return "success";
+		case RB_OUTCOME_THROTTLED:
+			return "throttled";
+		case RB_OUTCOME_UNAVAILABLE:
+			return "unavailable";
+		case RB_OUTCOME_FAILURE:
+			return "failure";
+		case RB_OUTCOME_NEUTRAL:
+			break;
+	}
+	return "neutral";
+}
+
+static int64_t
+rb_max_time(int64_t a, int64_t b)
+{
+	return a > b ? a : b;
+}
+
+/*
+ * rb_factor_now
+ *		The rate factor at "now": the stored factor, held while a cooldown
+ *		lasts, then growing by recovery_factor per recovery_interval, never
+ *		above 1 and never below the floor.
+ */
+double
+rb_factor_now(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	double		f = adapt->rate_factor;
+	int64_t		start = rb_max_time(adapt->factor_at, adapt->cooldown_until);
+
+	if (f >= 1.0)
+		return 1.0;
+	if (start != RB_NO_TIME && now > start && policy->recovery_factor > 1.0)
+	{
+		double		periods = ((double) now - (double) start) /
+			RB_USECS_PER_SEC / policy->recovery_interval;
+
+		f *= pow(policy->recovery_factor, periods);
+	}
+	if (!(f <= 1.0))			/* also an overflow to Inf */
+		f = 1.0;
+	if (f < policy->floor_factor)
+		f = policy->floor_factor;
+	return f;
+}
+
+/* rb_at_floor: is the effective rate at its floor now? */
+bool
+rb_at_floor(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	return adapt->at_floor_since != RB_NO_TIME &&
+		policy->floor_factor < 1.0 &&
+		rb_factor_now(adapt, policy, now) <= policy->floor_factor;
+}
+
+/* rb_breaker_state: closed, open, or half-open (open period over). */
+RbBreakerState
+rb_breaker_state(const RbAdapt *adapt, int64_t now)
+{
+	if (adapt->open_until == RB_NO_TIME)
+		return RB_BREAKER_CLOSED;
+	if (now < adapt->open_until)
+		return RB_BREAKER_OPEN;
+	return RB_BREAKER_HALF_OPEN;
+}
+
+const char *
+rb_breaker_name(RbBreakerState state)
+{
+	switch (state)
+	{
+		case RB_BREAKER_OPEN:
+			return "open";
+		case RB_BREAKER_HALF_OPEN:
+			return "half-open";
+		case RB_BREAKER_CLOSED:
+			break;
+	}
+	return "closed";
+}
+
+/*
+ * rb_gate
+ *		Is the take refused whatever the tokens?  Sets *until to when that
+ *		ends (for wait_seconds).
+ *
+ * Half-open lets one probe through: a take that finds no probe out (or one
+ * sent longer than a first open period ago, whose worker may have died) may
+ * be the probe; every other take waits for the probe's outcome.
+ */
+RbGateReason
+rb_gate(const RbAdapt *adapt, const RbPolicy *policy, int64_t now,
+		int64_t *until)
+{
+	*until = now;
+	if (adapt->paused_until != RB_NO_TIME && now < adapt->paused_until)
+	{
+		*until = adapt->paused_until;
+		return RB_GATE_PAUSED;
+	}
+	switch (rb_breaker_state(adapt, now))
+	{
+		case RB_BREAKER_OPEN:
+			*until = adapt->open_until;
+			return RB_GATE_BREAKER_OPEN;
+		case RB_BREAKER_HALF_OPEN:
+			if (adapt->probe_at != RB_NO_TIME &&
+				now >= adapt->probe_at &&
+				now - adapt->probe_at < policy->breaker_open)
+			{
+				*until = adapt->probe_at + policy->breaker_open;
+				return RB_GATE_PROBE_IN_FLIGHT;
+			}
+			break;
+		case RB_BREAKER_CLOSED:
+			break;
+	}
+	if (adapt->cooldown_until != RB_NO_TIME && now < adapt->cooldown_until)
+	{
+		*until = adapt->cooldown_until;
+		return RB_GATE_COOLDOWN;
+	}
+	if (rb_breaker_state(adapt, now) == RB_BREAKER_HALF_OPEN)
+		return RB_GATE_PROBE;
+	return RB_GATE_OPEN;
+}
+
+/*
+ * rb_clamp_cooldown
+ *		A cooldown of "seconds" (NaN: none was given), clamped to the policy:
+ *		none given means the default; a past date or a tiny delay means the
+ *		minimum; nothing is longer than the maximum.  Returns microseconds.
+ */
+int64_t
+rb_clamp_cooldown(const RbPolicy *policy, double seconds)
+{
+	double		usecs;
+
+	if (isnan(seconds))
+		return policy->default_cooldown;
+	usecs = seconds * RB_USECS_PER_SEC;
+	if (usecs < (double) policy->min_cooldown)
+		return policy->min_cooldown;
+	if (usecs > (double) policy->max_cooldown)
+		return policy->max_cooldown;
+	return (int64_t) ceil(usecs);
+}
+
+/*
+ * rb_cool_down
+ *		Refuse takes until "until": empty the bucket and start its refill
+ *		then.  A shorter cooldown never cuts a longer one short.
+ */
+void
+rb_cool_down(RbState *state, RbAdapt *adapt, int64_t until)
+{
+	if (adapt->cooldown_until != RB_NO_TIME && adapt->cooldown_until >= until)
+		return;
+	adapt->cooldown_until = until;
+	state->tokens = 0.0;
+	if (until > state->refilled_at)
+		state->refilled_at = until;
+}
+
+/*
+ * rb_lower_factor
+ *		Bring the rate factor down to "factor" (of the ceiling) if that is
+ *		lower than it is now, never below the floor.  Recovery then starts
+ *		afresh from here.
+ */
+void
+rb_lower_factor(RbAdapt *adapt, const RbPolicy *policy, double factor,
+				int64_t now)
+{
+	double		current = rb_factor_now(adapt, policy, now);
+
+	if (isnan(factor) || factor >= current)
+		return;
+	if (factor <= policy->floor_factor)
+	{
+		factor = policy->floor_factor;
+		if (!rb_at_floor(adapt, policy, now))
+			adapt->at_floor_since = now;
+	}
+	adapt->rate_factor = factor;
+	adapt->factor_at = now;
+}
+
+/* How long the breaker stays open on its n-th trip in a row. */
+static int64_t
+rb_open_period(const RbPolicy *policy, int trips)
+{
+	double		period = (double) policy->breaker_open;
+
+	while (--trips > 0 && period < (double) policy->breaker_max_open)
+		period *= 2.0;
+	if (period > (double) policy->breaker_max_open)
+		period = (double) policy->breaker_max_open;
+	return (int64_t) period;
+}
+
+/*
+ * rb_breaker_observe
+ *		The circuit breaker's transitions.  Closed: a run of breaker_failures
+ *		consecutive failures opens it.  Open: outcomes change nothing (they
+ *		answer requests sent before it opened).  Half-open: the probe's
+ *		success closes it; its failure reopens it for twice as long, up to
+ *		the maximum.  A success anywhere ends a run of failures.
+ */
+void
+rb_breaker_observe(RbAdapt *adapt, const RbPolicy *policy, RbOutcome outcome,
+				   int64_t now)
+{
+	RbBreakerState state = rb_breaker_state(adapt, now);
+
+	if (outcome == RB_OUTCOME_SUCCESS)
+	{
+		adapt->failure_run = 0;
+		if (state == RB_BREAKER_HALF_OPEN)
+		{
+			adapt->open_until = RB_NO_TIME;
+			adapt->probe_at = RB_NO_TIME;
+			adapt->breaker_trips = 0;
+		}
+		return;
+	}
+	if (outcome != RB_OUTCOME_FAILURE)
+		return;
+
+	if (adapt->failure_run < INT32_MAX)
+		adapt->failure_run++;
+	if (state == RB_BREAKER_OPEN)
+		return;
+	if (state == RB_BREAKER_HALF_OPEN ||
+		(policy->breaker_failures > 0 &&
+		 adapt->failure_run >= policy->breaker_failures))
+	{
+		if (adapt->breaker_trips < INT32_MAX)
+			adapt->breaker_trips++;
+		adapt->open_until = now + rb_open_period(policy, adapt->breaker_trips);
+		adapt->probe_at = RB_NO_TIME;
+	}
+}
+
+/*
+ * rb_adapt_is_idle
+ *		Does the state say nothing a fresh bucket would not?  (For expiry.)
+ */
+bool
+rb_adapt_is_idle(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	return rb_factor_now(adapt, policy, now) >= 1.0 &&
+		(adapt->cooldown_until == RB_NO_TIME || adapt->cooldown_until <= now) &&
+		(adapt->paused_until == RB_NO_TIME || adapt->paused_until <= now) &&
+		adapt->open_until == RB_NO_TIME &&
+		adapt->failure_run == 0;
+}

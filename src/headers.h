@@ -1,0 +1,77 @@
+/*-------------------------------------------------------------------------
+ *
+ * headers.h
+ *	  Parsers for the response fields a destination uses to say how fast it
+ *	  may be called: Retry-After, HTTP-date, and the rate-limit fields.
+ *
+ * Nothing here calls PostgreSQL, and nothing allocates, recurses or reads
+ * past the length it is given: the parsers take any bytes (they will be
+ * fuzzed) and say "malformed" rather than guess.  Times are Unix seconds.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RATEBUCKET_HEADERS_H
+#define RATEBUCKET_HEADERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Delays and other durations saturate here (about 31.7 years). */
+#define RB_HDR_MAX_SECONDS 1e9
+
+/* Counts (limits, remaining) saturate here. */
+#define RB_HDR_MAX_COUNT 1e15
+
+/* An X-RateLimit-Reset above this is a Unix timestamp, not a delay. */
+#define RB_HDR_EPOCH_THRESHOLD 1e9
+
+/* Retry-After (RFC 9110 section 10.2.3): delay-seconds or an HTTP-date. */
+typedef enum RbRetryAfterKind
+{
+	RB_RA_ABSENT,				/* empty or all whitespace */
+	RB_RA_DELAY,				/* *value = seconds, 0 to RB_HDR_MAX_SECONDS */
+	RB_RA_DATE,					/* *value = Unix seconds of the date */
+	RB_RA_MALFORMED				/* anything else */
+} RbRetryAfterKind;
+
+/*
+ * Parse a Retry-After value (s, len); *value gets the delay or the date.
+ * rb_parse_retry_after_at resolves a two-digit RFC 850 year against
+ * now_unix; rb_parse_retry_after against the system clock.
+ */
+extern RbRetryAfterKind rb_parse_retry_after(const char *s, size_t len,
+											 double *value);
+extern RbRetryAfterKind rb_parse_retry_after_at(const char *s, size_t len,
+												double now_unix,
+												double *value);
+
+/* Parse an HTTP-date (any of the three forms) into Unix seconds. */
+extern bool rb_parse_http_date(const char *s, size_t len, double now_unix,
+							   double *unix_seconds);
+
+/* Rate-limit fields a destination may send, parsed together. */
+typedef struct RbRateLimit
+{
+	bool		has_limit;
+	double		limit;			/* requests allowed per window */
+	bool		has_window;
+	double		window_seconds; /* the window of that limit */
+	bool		has_remaining;
+	double		remaining;		/* requests left in the current window */
+	bool		has_reset;
+	double		reset_seconds;	/* seconds from now until the window resets */
+	int			malformed;		/* how many given fields could not be parsed */
+} RbRateLimit;
+
+/*
+ * Parse RateLimit, RateLimit-Policy, X-RateLimit-Limit, -Remaining and
+ * -Reset (each NULL when absent) as received at now_unix.
+ */
+extern void rb_parse_rate_limit(const char *ratelimit, size_t ratelimit_len,
+								const char *policy, size_t policy_len,
+								const char *x_limit, size_t x_limit_len,
+								const char *x_remaining, size_t x_remaining_len,
+								const char *x_reset, size_t x_reset_len,
+								double now_unix, RbRateLimit *out);
+
+#endif							/* RATEBUCKET_HEADERS_H */
