@@ -24,7 +24,7 @@ REGRESS = setup take configure admin feedback errors privileges
 REGRESS_OPTS = --inputdir=.
 
 # Isolation specs: test/specs/*.spec, outputs in test/expected/.
-ISOLATION = take-last-token take-refused-nowait ready-nowait configure-take configure-new-endpoint
+ISOLATION = take-last-token take-refused-nowait ready-nowait configure-take configure-new-endpoint observe-take
 ISOLATION_OPTS = --inputdir=test --load-extension=$(EXTENSION)
 
 # TAP tests (need libipc-run-perl): load checks, later crash/standby/dump.
