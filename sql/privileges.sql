@@ -16,7 +16,8 @@ GRANT USAGE ON SCHEMA ratebucket TO regress_rb_worker, regress_rb_admin;
 GRANT EXECUTE ON FUNCTION
 	ratebucket.bucket_take(text, float8, float8, float8),
 	ratebucket.bucket_take(text, float8),
-	ratebucket.bucket_ready(text, float8)
+	ratebucket.bucket_ready(text, float8),
+	ratebucket.bucket_observe(text, int, text, jsonb)
 	TO regress_rb_worker;
 GRANT SELECT ON ratebucket.bucket_status TO regress_rb_worker;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ratebucket TO regress_rb_admin;
@@ -39,10 +40,15 @@ INSERT INTO calls(stmt) VALUES
 	($$SELECT ratebucket.bucket_take('p:x', 10, 10)$$),
 	($$SELECT ratebucket.bucket_take('p:conf')$$),
 	($$SELECT ratebucket.bucket_ready('p:x')$$),
+	($$SELECT ratebucket.bucket_observe('p:x', 200)$$),
 	($$SELECT ratebucket.bucket_configure('p:x', 1, 1)$$),
+	($$SELECT ratebucket.bucket_pause('p:x', '1 minute')$$),
+	($$SELECT ratebucket.bucket_resume('p:x')$$),
 	($$SELECT ratebucket.bucket_reset('p:x')$$),
 	($$SELECT ratebucket.bucket_expire('1 day')$$),
 	($$SELECT ratebucket.refill_tokens(0, 1, 1, now(), now())$$),
+	($$SELECT ratebucket.parse_retry_after('120')$$),
+	($$SET ratebucket.max_cooldown = '1s'$$),
 	($$SELECT count(*) FROM ratebucket.bucket_status$$),
 	($$SELECT count(*) FROM ratebucket.buckets$$),
 	($$UPDATE ratebucket.buckets SET tokens = capacity$$),
@@ -54,14 +60,15 @@ SET ROLE regress_rb_nobody;
 SELECT n, stmt, pg_temp.try(stmt) FROM calls ORDER BY n;
 RESET ROLE;
 
--- A worker may take, peek and read the status view, and nothing else; it
--- never touches the table.
+-- A worker may take, peek, report outcomes and read the status view, and
+-- nothing else; it never touches the table.
 SET ROLE regress_rb_worker;
 SELECT n, stmt, pg_temp.try(stmt) FROM calls ORDER BY n;
 RESET ROLE;
 
--- An operator may also configure, reset, expire, drop and watch, but still
--- not write the table behind the functions' backs.
+-- An operator may also configure, pause, resume, reset, expire, drop and
+-- watch, but still not write the table behind the functions' backs, nor
+-- change the settings.
 SET ROLE regress_rb_admin;
 SELECT n, stmt, pg_temp.try(stmt) FROM calls ORDER BY n;
 RESET ROLE;
@@ -98,6 +105,8 @@ SELECT allowed FROM ratebucket.bucket_take('p:conf');
 SELECT ratebucket.bucket_ready('p:evil');
 SELECT ratebucket.bucket_configure('p:evil', 0.000001, 4);
 SELECT ratebucket.bucket_reset('p:evil');
+SELECT outcome FROM ratebucket.bucket_observe('p:evil', 429, '1', '{"X-RateLimit-Remaining": "5"}');
+SELECT ratebucket.bucket_pause('p:evil', '1 minute'), ratebucket.bucket_resume('p:evil');
 SELECT ratebucket.bucket_expire('0 seconds');
 SELECT endpoint, round(tokens::numeric, 3) AS tokens FROM ratebucket.bucket_status ORDER BY endpoint;
 SELECT ratebucket.bucket_drop('p:evil');
