@@ -58,13 +58,14 @@ my $duration = 5;
 # transaction (take, then insert, with a round trip in between).
 my %bucket = (
 	hot  => { rate => 200,  capacity => 50 },
-	warm => { rate => 1000, capacity => 100 },);
+	warm => { rate => 400, capacity => 100 },);
 
 my $efficiency_min = 0.95;
 # Demand (takes attempted per second) must be at least this multiple of the
 # rate, or the efficiency check would measure the load, not the limiter.
-# Measured here: about 4x for warm, 20x for hot; below 2x the run fails
-# and says why.
+# Measured here on an idle 2-core machine: about 9x for warm, 20x for hot
+# (warm's rate is kept well below what 8 clients can demand even while the
+# machine is busy with other work); below 2x the run fails and says why.
 my $saturation_min = 2;
 
 my $node = PostgreSQL::Test::Cluster->new('load');
