@@ -134,9 +134,6 @@ SELECT ratebucket.parse_retry_after('Sat, 01 Jun 2024 00:00:30 GMT',
 SELECT ratebucket.parse_retry_after('120') AS delay,
 	   ratebucket.parse_retry_after('Sun, 06 Nov 1994 08:49:37 GMT') < 0 AS in_the_past;
 
--- A NULL or infinite "at" is the caller's mistake.
-SELECT ratebucket.parse_retry_after('120', NULL);
-SELECT ratebucket.parse_retry_after('120', 'infinity');
 
 --
 -- Rate-limit fields.  Each case is a jsonb object of response headers as a
@@ -208,7 +205,8 @@ WITH cases(note, headers) AS (VALUES
 	('X- junk: units, sign, exponent', '{"X-RateLimit-Limit": "100/min", "X-RateLimit-Remaining": "+5", "X-RateLimit-Reset": "1e9"}'),
 	('not strings or numbers', '{"X-RateLimit-Limit": true, "RateLimit": {"limit": 100}, "Retry-After": [false], "RateLimit-Policy": [["100;w=60"]]}'),
 	-- sizes
-	('huge values saturate', jsonb_build_object('X-RateLimit-Limit', repeat('9', 10000), 'X-RateLimit-Remaining', '123456789012345678901234567890', 'RateLimit', '"a";t=999999999999999', 'Retry-After', repeat('9', 10000))),
+	('huge X- values saturate', jsonb_build_object('X-RateLimit-Limit', repeat('9', 10000), 'X-RateLimit-Remaining', '123456789012345678901234567890', 'X-RateLimit-Reset', '99999999999999', 'Retry-After', repeat('9', 10000))),
+	('largest sf-integers', '{"RateLimit": "limit=999999999999999, remaining=999999999999999, reset=999999999999999"}'),
 	('sf-integer of 16 digits', '{"RateLimit": "\"a\";r=1000000000000000"}'),
 	('long garbage', jsonb_build_object('RateLimit', repeat('a=(', 5000), 'RateLimit-Policy', repeat(';', 10000), 'X-RateLimit-Reset', repeat('9', 5000) || '.')),
 	('many items', jsonb_build_object('RateLimit-Policy', (SELECT string_agg(format('"p%s";q=%s;w=60', i, 1000 - i), ', ') FROM generate_series(1, 999) i)))
@@ -218,12 +216,35 @@ SELECT note, r."limit", r.window_seconds, r.remaining, r.reset_seconds,
 FROM cases,
 	 LATERAL ratebucket.parse_rate_limit(headers, '2024-06-01 00:00:00+00') AS r;
 
--- Headers must be an object (or NULL); a NULL "at" is an error.
-SELECT * FROM ratebucket.parse_rate_limit('["Retry-After", "10"]', '2024-06-01 00:00:00+00');
-SELECT * FROM ratebucket.parse_rate_limit('"RateLimit: limit=1"', '2024-06-01 00:00:00+00');
-SELECT * FROM ratebucket.parse_rate_limit('5', '2024-06-01 00:00:00+00');
-SELECT * FROM ratebucket.parse_rate_limit('{}', NULL);
-
 -- The default "at": a delay needs no clock.
 SELECT retry_after_seconds, malformed
 FROM ratebucket.parse_rate_limit('{"Retry-After": "45"}');
+
+--
+-- Errors: headers that are not an object (NULL is fine: no headers), and a
+-- NULL or infinite "at", which is the caller's mistake even when the value
+-- is NULL.  Each with its SQLSTATE.
+--
+CREATE FUNCTION pg_temp.try(stmt text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+	EXECUTE stmt;
+	RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+	RETURN SQLSTATE || ': ' || SQLERRM;
+END;
+$$;
+
+SELECT stmt, pg_temp.try(stmt) AS result
+FROM (VALUES
+	($$SELECT ratebucket.parse_rate_limit('["Retry-After", "10"]', '2024-06-01')$$),
+	($$SELECT ratebucket.parse_rate_limit('"RateLimit: limit=1"', '2024-06-01')$$),
+	($$SELECT ratebucket.parse_rate_limit('5', '2024-06-01')$$),
+	($$SELECT ratebucket.parse_rate_limit('null', '2024-06-01')$$),
+	($$SELECT ratebucket.parse_rate_limit(NULL, '2024-06-01')$$),
+	($$SELECT ratebucket.parse_rate_limit('{}', NULL)$$),
+	($$SELECT ratebucket.parse_rate_limit('{}', '-infinity')$$),
+	($$SELECT ratebucket.parse_retry_after('120', NULL)$$),
+	($$SELECT ratebucket.parse_retry_after(NULL, NULL)$$),
+	($$SELECT ratebucket.parse_retry_after('120', 'infinity')$$)
+) AS t(stmt);

@@ -150,8 +150,9 @@ ratebucket_observe(PG_FUNCTION_ARGS)
 		/* the argument wins over a Retry-After in headers */
 		if (ra_kind == RB_RA_MALFORMED)
 			rl.malformed--;
-		ra_kind = rb_parse_retry_after(VARDATA_ANY(ra), VARSIZE_ANY_EXHDR(ra),
-									   &ra_value);
+		ra_kind = rb_parse_retry_after_at(VARDATA_ANY(ra), VARSIZE_ANY_EXHDR(ra),
+										  rb_unix_from_timestamptz(now),
+										  &ra_value);
 		if (ra_kind == RB_RA_MALFORMED)
 			rl.malformed++;
 	}

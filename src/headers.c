@@ -34,7 +34,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 
 #include "headers.h"
 
@@ -75,8 +74,10 @@ typedef struct RbSfBare
 	size_t		str_len;
 } RbSfBare;
 
-/* A member of a List or Dictionary: an Item or an Inner List, with its
- * Parameters, which lie at [params_start, params_end) of the value. */
+/*
+ * A member of a List or Dictionary: an Item or an Inner List, with its
+ * Parameters, which lie at [params_start, params_end) of the value.
+ */
 typedef struct RbSfMember
 {
 	bool		inner_list;
@@ -121,12 +122,14 @@ rb_is_ows(char c)
 	return c == ' ' || c == '\t';
 }
 
+/* An ASCII digit. */
 static bool
 rb_is_digit(char c)
 {
 	return c >= '0' && c <= '9';
 }
 
+/* An ASCII letter (ALPHA of RFC 5234). */
 static bool
 rb_is_alpha(char c)
 {
@@ -153,6 +156,7 @@ rb_equals(const char *s, size_t len, const char *word)
 	return strlen(word) == len && memcmp(s, word, len) == 0;
 }
 
+/* Has the cursor consumed every byte? */
 static bool
 rb_at_end(const RbCursor *c)
 {
@@ -270,12 +274,14 @@ rb_parse_digits_saturating(const char *s, size_t len, bool allow_fraction,
  * Calendar arithmetic (proleptic Gregorian, UTC, no leap seconds)
  *****************************************************************************/
 
+/* A leap year of the Gregorian calendar. */
 static bool
 rb_is_leap(int64_t year)
 {
 	return (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
 }
 
+/* Days in a month (1 to 12) of a year. */
 static int
 rb_days_in_month(int64_t year, int month)
 {
@@ -559,19 +565,6 @@ rb_parse_retry_after_at(const char *s, size_t len, double now_unix,
 	return RB_RA_MALFORMED;
 }
 
-/*
- * rb_parse_retry_after
- *		rb_parse_retry_after_at with the system clock as the reference for a
- *		two-digit RFC 850 year.  Callers that have a clock of their own (a
- *		transaction's, a test's) should use rb_parse_retry_after_at, so that
- *		the result is a function of its arguments.
- */
-RbRetryAfterKind
-rb_parse_retry_after(const char *s, size_t len, double *value)
-{
-	return rb_parse_retry_after_at(s, len, (double) time(NULL), value);
-}
-
 /*****************************************************************************
  * Structured Fields (RFC 8941, with the RFC 9651 Date and Display String)
  *
@@ -595,6 +588,7 @@ rb_sf_is_key_char(char c)
 		c == '_' || c == '-' || c == '.' || c == '*';
 }
 
+/* Skip SP, the only whitespace inside Structured Field members. */
 static void
 rb_sf_skip_sp(RbCursor *c)
 {
@@ -602,6 +596,7 @@ rb_sf_skip_sp(RbCursor *c)
 		;
 }
 
+/* Skip OWS, which may surround the commas between members. */
 static void
 rb_sf_skip_ows(RbCursor *c)
 {

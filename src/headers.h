@@ -36,11 +36,8 @@ typedef enum RbRetryAfterKind
 
 /*
  * Parse a Retry-After value (s, len); *value gets the delay or the date.
- * rb_parse_retry_after_at resolves a two-digit RFC 850 year against
- * now_unix; rb_parse_retry_after against the system clock.
+ * A two-digit RFC 850 year is resolved against now_unix.
  */
-extern RbRetryAfterKind rb_parse_retry_after(const char *s, size_t len,
-											 double *value);
 extern RbRetryAfterKind rb_parse_retry_after_at(const char *s, size_t len,
 												double now_unix,
 												double *value);
@@ -65,7 +62,12 @@ typedef struct RbRateLimit
 
 /*
  * Parse RateLimit, RateLimit-Policy, X-RateLimit-Limit, -Remaining and
- * -Reset (each NULL when absent) as received at now_unix.
+ * -Reset (each NULL when absent) as received at now_unix.  The IETF fields
+ * win over the X- ones, value by value: limit and window from the policy
+ * with the lowest rate, else RateLimit's limit=, else X-RateLimit-Limit;
+ * remaining and reset from RateLimit (the most restrictive item), else the
+ * X- fields.  A field that does not parse gives nothing and counts in
+ * malformed.  See headers.c for the syntaxes accepted.
  */
 extern void rb_parse_rate_limit(const char *ratelimit, size_t ratelimit_len,
 								const char *policy, size_t policy_len,
