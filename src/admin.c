@@ -102,8 +102,14 @@ ratebucket_configure(PG_FUNCTION_ARGS)
 	rb_set_config(&fresh, &config, now);
 	if (rb_storage_lock_or_insert(endpoint, &bucket, &fresh))
 	{
+		RbPolicy	policy;
+
+		/* bank what the old limits (and feedback) earned up to now */
 		now = GetCurrentTimestamp();
-		rb_advance(&bucket.state, bucket.rate, bucket.capacity, now);
+		rb_bucket_policy(&bucket, bucket.rate, &policy);
+		rb_advance(&bucket.state,
+				   bucket.rate * rb_factor_now(&bucket.adapt, &policy, now),
+				   bucket.capacity, now);
 		rb_set_config(&bucket, &config, now);
 		rb_storage_update(&bucket);
 	}
