@@ -43,6 +43,16 @@ SELECT rate, capacity, round(tokens::numeric, 3) AS tokens, conf_rate, conf_capa
 FROM ratebucket.bucket_status WHERE endpoint = 'c:a';
 SELECT allowed, round(remaining::numeric, 3) AS remaining FROM ratebucket.bucket_take('c:a');
 
+-- On a configured endpoint, explicit limits can only tighten the configured
+-- ones: a role allowed to take cannot loosen an operator's limit.
+SELECT ratebucket.bucket_configure('c:tight', 0.000001, 1);
+\set VERBOSITY terse
+SELECT * FROM ratebucket.bucket_take('c:tight', 1e12, 1e12, 1e6);
+\set VERBOSITY default
+SELECT allowed FROM ratebucket.bucket_take('c:tight', 1e12, 1e12, 1);
+SELECT allowed, wait_seconds > 1e5 AS slow_refill FROM ratebucket.bucket_take('c:tight', 1e12, 1e12, 1);
+SELECT rate, capacity FROM ratebucket.bucket_status WHERE endpoint = 'c:tight';
+
 -- Configuring an endpoint that has a bucket from explicit takes keeps its tokens.
 SELECT ratebucket.bucket_configure('c:explicit', 2, 3);
 SELECT rate, capacity, tokens < 1 AS kept_nearly_empty, configured

@@ -226,6 +226,50 @@ SELECT ratebucket.bucket_expire('0') > 0 AS expired_some;
 SELECT endpoint FROM ratebucket.buckets WHERE endpoint LIKE 'x:%' ORDER BY endpoint;
 
 --
+-- Recovery already earned is kept when a new cooldown starts: a second 429
+-- after full recovery halves the full rate again, and a cooldown without a
+-- 429 (a 503 with Retry-After) lowers nothing.  Fast recovery for the test.
+--
+SET ratebucket.recovery_interval = '1s';
+SET ratebucket.recovery_factor = 100;
+SET ratebucket.min_cooldown = 0;
+SELECT ratebucket.bucket_configure('k:api', 100, 10);
+SELECT effective_rate FROM ratebucket.bucket_observe('k:api', 429, '0');
+SELECT pg_sleep(0.3);
+SELECT effective_rate FROM ratebucket.bucket_status WHERE endpoint = 'k:api';
+SELECT effective_rate FROM ratebucket.bucket_observe('k:api', 503, '0');
+SELECT effective_rate FROM ratebucket.bucket_observe('k:api', 429, '0');
+RESET ratebucket.recovery_interval;
+RESET ratebucket.recovery_factor;
+RESET ratebucket.min_cooldown;
+
+--
+-- Half-open: outcomes that arrive before the probe goes out are not the
+-- probe's; any answer to the probe that is not a failure (a 404 here)
+-- proves the destination is up and closes the breaker.
+--
+SET ratebucket.breaker_open = '200ms';
+SELECT ratebucket.bucket_configure('k:dest', 1000, 100, breaker_failures => 1);
+SELECT breaker FROM ratebucket.bucket_observe('k:dest', 500);
+SELECT pg_sleep(0.25);
+SELECT breaker FROM ratebucket.bucket_observe('k:dest', 0);
+SELECT breaker FROM ratebucket.bucket_observe('k:dest', 200);
+SELECT allowed FROM ratebucket.bucket_take('k:dest') AS probe;
+SELECT outcome, breaker FROM ratebucket.bucket_observe('k:dest', 404);
+SELECT allowed FROM ratebucket.bucket_take('k:dest');
+-- Disabling the breaker (breaker_failures => 0) closes one left open.
+SELECT breaker FROM ratebucket.bucket_observe('k:dest', 500);
+SELECT ratebucket.bucket_configure('k:dest', 1000, 100, breaker_failures => 0);
+SELECT breaker FROM ratebucket.bucket_observe('k:dest', 500);
+SELECT allowed FROM ratebucket.bucket_take('k:dest');
+RESET ratebucket.breaker_open;
+
+-- A finite pause reports its own end, however far.
+SELECT ratebucket.bucket_pause('k:dest', '2 hours');
+SELECT allowed, wait_seconds BETWEEN 7199 AND 7200 AS waits_two_hours
+FROM ratebucket.bucket_take('k:dest');
+
+--
 -- Bad input: a clear error, nothing changed.
 --
 SELECT * FROM ratebucket.bucket_observe('f:api', 1000);

@@ -49,6 +49,14 @@ SELECT allowed, round(remaining::numeric, 3) AS remaining
 FROM ratebucket.bucket_take('t:live', 0.000001, 4, 1);
 SELECT rate, capacity FROM ratebucket.buckets WHERE endpoint = 't:live';
 
+-- A new rate applies from the call on, not backwards: the time since the
+-- last grant refills at that grant's rate (1/s here: 0.2 token in 0.2 s,
+-- not 200 at 1000/s).
+SELECT allowed FROM ratebucket.bucket_take('t:rate', 1, 100, 100);
+SELECT pg_sleep(0.2);
+SELECT allowed, remaining < 1 AS little_refilled, wait_seconds < 0.001 AS fast_from_now
+FROM ratebucket.bucket_take('t:rate', 1000, 100, 1);
+
 -- bucket_ready peeks: an unknown endpoint is ready, it never consumes.
 SELECT ratebucket.bucket_ready('t:unknown') AS unknown_ready;
 SELECT count(*) AS rows_for_unknown FROM ratebucket.buckets WHERE endpoint = 't:unknown';

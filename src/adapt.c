@@ -171,11 +171,12 @@ rb_gate(const RbAdapt *adapt, const RbPolicy *policy, int64_t now,
 			*until = adapt->open_until;
 			return RB_GATE_BREAKER_OPEN;
 		case RB_BREAKER_HALF_OPEN:
+			/* (a clock that stepped back before probe_at: still in flight) */
 			if (adapt->probe_at != RB_NO_TIME &&
-				now >= adapt->probe_at &&
-				now - adapt->probe_at < policy->breaker_open)
+				(now < adapt->probe_at ||
+				 now - adapt->probe_at < policy->breaker_open))
 			{
-				*until = adapt->probe_at + policy->breaker_open;
+				*until = rb_max_time(adapt->probe_at, now) + policy->breaker_open;
 				return RB_GATE_PROBE_IN_FLIGHT;
 			}
 			break;
@@ -204,8 +205,9 @@ rb_clamp_cooldown(const RbPolicy *policy, double seconds)
 	double		usecs;
 
 	if (isnan(seconds))
-		return policy->default_cooldown;
-	usecs = seconds * RB_USECS_PER_SEC;
+		usecs = (double) policy->default_cooldown;
+	else
+		usecs = seconds * RB_USECS_PER_SEC;
 	if (usecs < (double) policy->min_cooldown)
 		return policy->min_cooldown;
 	if (usecs > (double) policy->max_cooldown)
@@ -227,6 +229,32 @@ rb_cool_down(RbState *state, RbAdapt *adapt, int64_t until)
 	state->tokens = 0.0;
 	if (until > state->refilled_at)
 		state->refilled_at = until;
+}
+
+/*
+ * rb_bank_factor
+ *		Store the factor as it is now, so that what changes next (a new
+ *		cooldown, from which recovery is measured) cannot take back the
+ *		recovery already earned.
+ */
+void
+rb_bank_factor(RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	double		f;
+
+	if (adapt->rate_factor >= 1.0)
+		return;
+	f = rb_factor_now(adapt, policy, now);
+	if (f >= 1.0)
+	{
+		adapt->rate_factor = 1.0;
+		adapt->factor_at = RB_NO_TIME;
+	}
+	else if (adapt->factor_at == RB_NO_TIME || now > adapt->factor_at)
+	{
+		adapt->rate_factor = f;
+		adapt->factor_at = now;
+	}
 }
 
 /*
@@ -270,9 +298,12 @@ rb_open_period(const RbPolicy *policy, int trips)
  * rb_breaker_observe
  *		The circuit breaker's transitions.  Closed: a run of breaker_failures
  *		consecutive failures opens it.  Open: outcomes change nothing (they
- *		answer requests sent before it opened).  Half-open: the probe's
- *		success closes it; its failure reopens it for twice as long, up to
- *		the maximum.  A success anywhere ends a run of failures.
+ *		answer requests sent before it opened).  Half-open: only once the
+ *		probe is out does an outcome count, as the probe's: a failure reopens
+ *		the breaker for twice as long, up to the maximum; any answer that is
+ *		not a failure (even a 429 or a 404: the destination is up) closes it.
+ *		A success anywhere ends a run of failures.  With breaker_failures 0
+ *		the breaker is disabled, and one left open is closed.
  */
 void
 rb_breaker_observe(RbAdapt *adapt, const RbPolicy *policy, RbOutcome outcome,
@@ -281,32 +312,41 @@ rb_breaker_observe(RbAdapt *adapt, const RbPolicy *policy, RbOutcome outcome,
 	RbBreakerState state = rb_breaker_state(adapt, now);
 
 	if (outcome == RB_OUTCOME_SUCCESS)
-	{
 		adapt->failure_run = 0;
-		if (state == RB_BREAKER_HALF_OPEN)
-		{
+	else if (outcome == RB_OUTCOME_FAILURE && adapt->failure_run < INT32_MAX)
+		adapt->failure_run++;
+
+	if (policy->breaker_failures <= 0)
+	{
+		adapt->open_until = RB_NO_TIME;
+		adapt->probe_at = RB_NO_TIME;
+		adapt->breaker_trips = 0;
+		return;
+	}
+
+	switch (state)
+	{
+		case RB_BREAKER_OPEN:
+			return;
+		case RB_BREAKER_HALF_OPEN:
+			if (adapt->probe_at == RB_NO_TIME)
+				return;			/* not the probe's answer */
+			if (outcome == RB_OUTCOME_FAILURE)
+				break;			/* reopen, below */
 			adapt->open_until = RB_NO_TIME;
 			adapt->probe_at = RB_NO_TIME;
 			adapt->breaker_trips = 0;
-		}
-		return;
+			return;
+		case RB_BREAKER_CLOSED:
+			if (outcome != RB_OUTCOME_FAILURE ||
+				adapt->failure_run < policy->breaker_failures)
+				return;
+			break;
 	}
-	if (outcome != RB_OUTCOME_FAILURE)
-		return;
-
-	if (adapt->failure_run < INT32_MAX)
-		adapt->failure_run++;
-	if (state == RB_BREAKER_OPEN)
-		return;
-	if (state == RB_BREAKER_HALF_OPEN ||
-		(policy->breaker_failures > 0 &&
-		 adapt->failure_run >= policy->breaker_failures))
-	{
-		if (adapt->breaker_trips < INT32_MAX)
-			adapt->breaker_trips++;
-		adapt->open_until = now + rb_open_period(policy, adapt->breaker_trips);
-		adapt->probe_at = RB_NO_TIME;
-	}
+	if (adapt->breaker_trips < INT32_MAX)
+		adapt->breaker_trips++;
+	adapt->open_until = now + rb_open_period(policy, adapt->breaker_trips);
+	adapt->probe_at = RB_NO_TIME;
 }
 
 /*

@@ -19,6 +19,7 @@
 #include "arith.h"
 
 #define RB_NO_TIME INT64_MIN
+#define RB_FOREVER INT64_MAX	/* an open-ended pause (PostgreSQL's infinity) */
 
 /* The settings in force for one bucket (defaults, or its configuration). */
 typedef struct RbPolicy
@@ -90,6 +91,8 @@ extern RbGateReason rb_gate(const RbAdapt *adapt, const RbPolicy *policy,
 							int64_t now, int64_t *until);
 extern int64_t rb_clamp_cooldown(const RbPolicy *policy, double seconds);
 extern void rb_cool_down(RbState *state, RbAdapt *adapt, int64_t until);
+extern void rb_bank_factor(RbAdapt *adapt, const RbPolicy *policy,
+						   int64_t now);
 extern void rb_lower_factor(RbAdapt *adapt, const RbPolicy *policy,
 							double factor, int64_t now);
 extern void rb_breaker_observe(RbAdapt *adapt, const RbPolicy *policy,

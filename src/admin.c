@@ -198,7 +198,7 @@ Datum
 ratebucket_pause(PG_FUNCTION_ARGS)
 {
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
-	TimestampTz until = DT_NOEND;
+	TimestampTz until = RB_FOREVER;
 
 	if (!PG_ARGISNULL(1))
 	{

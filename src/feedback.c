@@ -132,6 +132,10 @@ ratebucket_observe(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("status %d is not an HTTP status code", status),
 				 errhint("Pass 0 or NULL when no response arrived (a connection failure or a timeout).")));
+	if (headers != NULL && !JB_ROOT_IS_OBJECT(headers))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("headers must be a JSON object")));
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
 	tupdesc = BlessTupleDesc(tupdesc);
@@ -159,11 +163,11 @@ ratebucket_observe(PG_FUNCTION_ARGS)
 	ra_seconds = rb_retry_after_seconds(ra_kind, ra_value, now);
 	outcome = rb_classify(status, has_status, !isnan(ra_seconds));
 
-	values[0] = CStringGetTextDatum(rb_outcome_name(outcome));
 	if (!found)
 	{
 		/* no bucket: nothing to adapt */
 		rb_storage_end(&session);
+		values[0] = CStringGetTextDatum(rb_outcome_name(outcome));
 		values[1] = Float8GetDatum(0.0);
 		nulls[2] = nulls[3] = true;
 		PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
@@ -177,6 +181,12 @@ ratebucket_observe(PG_FUNCTION_ARGS)
 		bool		cool = false;
 
 		rb_bucket_policy(&bucket, ceiling, &policy);
+
+		/*
+		 * Bank the recovery earned so far before anything moves the cooldown:
+		 * recovery is measured from the end of the last cooldown.
+		 */
+		rb_bank_factor(&bucket.adapt, &policy, now);
 
 		/* Cooldowns: Retry-After on 429/503, or a window with nothing left. */
 		if (outcome == RB_OUTCOME_THROTTLED || outcome == RB_OUTCOME_UNAVAILABLE)
@@ -229,6 +239,8 @@ ratebucket_observe(PG_FUNCTION_ARGS)
 		rb_storage_update(&bucket);
 		rb_storage_end(&session);
 
+		/* allocate the result only now: SPI_finish freed SPI's memory */
+		values[0] = CStringGetTextDatum(rb_outcome_name(outcome));
 		values[1] = Float8GetDatum(bucket.adapt.cooldown_until != RB_NO_TIME &&
 								   bucket.adapt.cooldown_until > now ?
 								   ((double) bucket.adapt.cooldown_until - (double) now) /

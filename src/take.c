@@ -104,9 +104,8 @@ rb_decide(RbBucket *bucket, double rate, double capacity, double want,
 	{
 		double		wait = ((double) until - (double) now) / RB_USECS_PER_SEC;
 
-		/* an indefinite pause: look again after the longest cooldown */
-		if (gate == RB_GATE_PAUSED &&
-			wait > (double) policy.max_cooldown / RB_USECS_PER_SEC)
+		/* an open-ended pause: look again after the longest cooldown */
+		if (gate == RB_GATE_PAUSED && until == RB_FOREVER)
 			wait = (double) policy.max_cooldown / RB_USECS_PER_SEC;
 		result.allowed = false;
 		result.remaining = rb_refill(bucket->state.tokens, effective, capacity,
@@ -115,10 +114,46 @@ rb_decide(RbBucket *bucket, double rate, double capacity, double want,
 		return result;
 	}
 
+	/*
+	 * The time since the last grant refills at the limits of that grant
+	 * (stored in the row), so that a take passing other limits changes the
+	 * rate from now on, not backwards.
+	 */
+	if (bucket->rate != rate || bucket->capacity != capacity)
+		rb_advance(&bucket->state,
+				   bucket->rate * rb_factor_now(&bucket->adapt, &policy, now),
+				   bucket->capacity, now);
+
 	result = rb_take(&bucket->state, effective, capacity, want, now);
 	if (result.allowed && gate == RB_GATE_PROBE)
 		bucket->adapt.probe_at = now;
 	return result;
+}
+
+/*
+ * rb_limits_for
+ *		The limits a take uses.  The configured form uses the configuration
+ *		(false if there is none).  The explicit form uses the call's limits,
+ *		but on a configured endpoint they can only tighten the configured
+ *		ones: a role allowed to take cannot loosen an operator's limit.
+ */
+static bool
+rb_limits_for(const RbBucket *bucket, bool use_config,
+			  double *rate, double *capacity)
+{
+	if (use_config)
+	{
+		if (!rb_is_configured(bucket))
+			return false;
+		*rate = bucket->conf_rate;
+		*capacity = bucket->conf_capacity;
+	}
+	else if (rb_is_configured(bucket))
+	{
+		*rate = Min(*rate, bucket->conf_rate);
+		*capacity = Min(*capacity, bucket->conf_capacity);
+	}
+	return true;
 }
 
 /*
@@ -136,13 +171,9 @@ static bool
 rb_peek_refuses(RbBucket *peeked, bool use_config, double rate,
 				double capacity, double want, RbTakeResult *result)
 {
-	if (use_config)
-	{
-		if (!rb_is_configured(peeked) || want > peeked->conf_capacity)
-			return false;
-		rate = peeked->conf_rate;
-		capacity = peeked->conf_capacity;
-	}
+	if (!rb_limits_for(peeked, use_config, &rate, &capacity) ||
+		want > capacity)
+		return false;
 	*result = rb_decide(peeked, rate, capacity, want, GetCurrentTimestamp());
 	return !result->allowed;
 }
@@ -150,7 +181,8 @@ rb_peek_refuses(RbBucket *peeked, bool use_config, double rate,
 /*
  * rb_take_with_limits
  *		The take itself.  With use_config, the limits are those stored by
- *		bucket_configure and rate/capacity are ignored.
+ *		bucket_configure and rate/capacity are ignored; without, they are
+ *		the call's, capped by a configuration (see rb_limits_for).
  *
  * The usual path is one statement: lock the row (skipping it if another
  * transaction holds it), read the clock, decide, write.  If the row is held,
@@ -206,14 +238,9 @@ rb_take_with_limits(text *endpoint, bool use_config,
 	/* We hold the row lock: only now read the clock. */
 	now = GetCurrentTimestamp();
 
-	if (use_config)
-	{
-		if (!rb_is_configured(&bucket))
-			rb_not_configured(endpoint);
-		rate = bucket.conf_rate;
-		capacity = bucket.conf_capacity;
-		rb_check_tokens_fit(want, capacity);
-	}
+	if (!rb_limits_for(&bucket, use_config, &rate, &capacity))
+		rb_not_configured(endpoint);
+	rb_check_tokens_fit(want, capacity);
 
 	result = rb_decide(&bucket, rate, capacity, want, now);
 	if (result.allowed)
