@@ -88,7 +88,7 @@ SELECT ratebucket.bucket_configure('cfg_reconf', 5, 10);
 SELECT ratebucket.bucket_take('cfg_reconf', 4);
 SELECT ratebucket.bucket_configure('cfg_reconf', 7, 14);
 SELECT ratebucket.bucket_configure('cfg_explicit', 2.5, 7.5);
-SELECT ratebucket.bucket_take('cfg_explicit', 50, 60, 10);   -- explicit limits on a configured endpoint
+SELECT ratebucket.bucket_take('cfg_explicit', 50, 60, 5);    -- explicit limits on a configured endpoint (capped by it)
 SELECT ratebucket.bucket_take('rt_then_cfg', 3, 6, 2);
 SELECT ratebucket.bucket_configure('rt_then_cfg', 3, 6);
 SELECT ratebucket.bucket_configure('$odd', 0.05, 1.5);
