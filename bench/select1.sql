@@ -1,0 +1,3 @@
+-- bench/select1.sql: the round-trip floor (same \set as the other scripts).
+\set ep random(1, :nbuckets)
+SELECT 1;
