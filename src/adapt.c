@@ -350,6 +350,66 @@ rb_breaker_observe(RbAdapt *adapt, const RbPolicy *policy, RbOutcome outcome,
 }
 
 /*
+ * rb_decide_take
+ *		Decide a take of "want" at "now" with the take's limits (rate,
+ *		capacity), for a bucket whose row stores state, adapt, and the limits
+ *		of its last write (stored_rate, stored_capacity): first what stops
+ *		any take (a pause, an open breaker, a probe already out), then the
+ *		tokens at the effective rate.
+ *
+ * Updates state and adapt in place and sets *write when the row must be
+ * written back: a grant, or limits that changed.  When the limits change,
+ * the time since the row's refill is first banked at the stored limits, so
+ * that new limits apply from now on and not backwards; that banking is
+ * written even if the take is refused, so that the next take (and the wait
+ * returned now) refill from the same state.  A refusal with unchanged limits
+ * writes nothing: its refill is a function of time alone.
+ */
+RbTakeResult
+rb_decide_take(RbState *state, RbAdapt *adapt, const RbPolicy *policy,
+			   double stored_rate, double stored_capacity,
+			   double rate, double capacity, double want, int64_t now,
+			   bool *write)
+{
+	RbTakeResult result;
+	RbGateReason gate;
+	int64_t		until;
+	double		factor = rb_factor_now(adapt, policy, now);
+
+	*write = false;
+	gate = rb_gate(adapt, policy, now, &until);
+	if (gate == RB_GATE_PAUSED || gate == RB_GATE_BREAKER_OPEN ||
+		gate == RB_GATE_PROBE_IN_FLIGHT)
+	{
+		double		wait = ((double) until - (double) now) / RB_USECS_PER_SEC;
+
+		/* an open-ended pause: look again after the longest cooldown */
+		if (gate == RB_GATE_PAUSED && until == RB_FOREVER)
+			wait = (double) policy->max_cooldown / RB_USECS_PER_SEC;
+		result.allowed = false;
+		result.remaining = rb_refill(state->tokens, rate * factor, capacity,
+									 state->refilled_at, now);
+		result.wait_seconds = wait;
+		return result;
+	}
+
+	if (stored_rate != rate || stored_capacity != capacity)
+	{
+		rb_advance(state, stored_rate * factor, stored_capacity, now);
+		*write = true;
+	}
+
+	result = rb_take(state, rate * factor, capacity, want, now);
+	if (result.allowed)
+	{
+		*write = true;
+		if (gate == RB_GATE_PROBE)
+			adapt->probe_at = now;
+	}
+	return result;
+}
+
+/*
  * rb_adapt_is_idle
  *		Does the state say nothing a fresh bucket would not?  (For expiry.)
  */

@@ -97,6 +97,11 @@ extern void rb_lower_factor(RbAdapt *adapt, const RbPolicy *policy,
 							double factor, int64_t now);
 extern void rb_breaker_observe(RbAdapt *adapt, const RbPolicy *policy,
 							   RbOutcome outcome, int64_t now);
+extern RbTakeResult rb_decide_take(RbState *state, RbAdapt *adapt,
+								   const RbPolicy *policy,
+								   double stored_rate, double stored_capacity,
+								   double rate, double capacity, double want,
+								   int64_t now, bool *write);
 extern bool rb_adapt_is_idle(const RbAdapt *adapt, const RbPolicy *policy,
 							 int64_t now);
 

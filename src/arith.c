@@ -93,6 +93,7 @@ rb_take(RbState *state, double rate, double capacity, double want,
 		int64_t now)
 {
 	RbTakeResult result;
+	RbState		stored = *state;
 
 	rb_advance(state, rate, capacity, now);
 	if (state->tokens >= want)
@@ -103,12 +104,27 @@ rb_take(RbState *state, double rate, double capacity, double want,
 	}
 	else
 	{
+		double		usecs;
+		int			i;
+
 		result.allowed = false;
 		result.wait_seconds = rb_wait_seconds(state->tokens, want, rate);
 		/* a refill time ahead of the clock (a cooldown) comes first */
 		if (state->refilled_at > now)
 			result.wait_seconds +=
 				((double) state->refilled_at - (double) now) / RB_USECS_PER_SEC;
+
+		/*
+		 * A refused take stores nothing: the next take refills in one step
+		 * from the stored state, which can round a hair lower than the two
+		 * steps above.  Make sure the wait is enough for that take too.
+		 */
+		usecs = ceil(result.wait_seconds * RB_USECS_PER_SEC);
+		for (i = 0; i < 4 && usecs < 9.0e15 &&
+			 rb_refill(stored.tokens, rate, capacity, stored.refilled_at,
+					   now + (int64_t) usecs) < want; i++)
+			usecs += 1.0;
+		result.wait_seconds = usecs / RB_USECS_PER_SEC;
 	}
 	result.remaining = state->tokens;
 	return result;

@@ -80,54 +80,20 @@ rb_not_configured(text *endpoint)
 
 /*
  * rb_decide
- *		Decide a take of "want" from a bucket at "now", with the take's
- *		limits: first what stops any take (a pause, an open breaker, a probe
- *		already out), then the tokens at the effective rate.  Refills and
- *		takes in bucket->state; marks a granted half-open probe.
+ *		Decide a take from a bucket row at "now" with the take's limits
+ *		(rb_decide_take, with the policy in force).  Sets *write when the row
+ *		must be written back; the caller does that, with the new limits.
  */
 static RbTakeResult
 rb_decide(RbBucket *bucket, double rate, double capacity, double want,
-		  TimestampTz now)
+		  TimestampTz now, bool *write)
 {
 	RbPolicy	policy;
-	RbTakeResult result;
-	RbGateReason gate;
-	int64		until;
-	double		effective;
 
 	rb_bucket_policy(bucket, rate, &policy);
-	gate = rb_gate(&bucket->adapt, &policy, now, &until);
-	effective = rate * rb_factor_now(&bucket->adapt, &policy, now);
-
-	if (gate == RB_GATE_PAUSED || gate == RB_GATE_BREAKER_OPEN ||
-		gate == RB_GATE_PROBE_IN_FLIGHT)
-	{
-		double		wait = ((double) until - (double) now) / RB_USECS_PER_SEC;
-
-		/* an open-ended pause: look again after the longest cooldown */
-		if (gate == RB_GATE_PAUSED && until == RB_FOREVER)
-			wait = (double) policy.max_cooldown / RB_USECS_PER_SEC;
-		result.allowed = false;
-		result.remaining = rb_refill(bucket->state.tokens, effective, capacity,
-									 bucket->state.refilled_at, now);
-		result.wait_seconds = wait;
-		return result;
-	}
-
-	/*
-	 * The time since the last grant refills at the limits of that grant
-	 * (stored in the row), so that a take passing other limits changes the
-	 * rate from now on, not backwards.
-	 */
-	if (bucket->rate != rate || bucket->capacity != capacity)
-		rb_advance(&bucket->state,
-				   bucket->rate * rb_factor_now(&bucket->adapt, &policy, now),
-				   bucket->capacity, now);
-
-	result = rb_take(&bucket->state, effective, capacity, want, now);
-	if (result.allowed && gate == RB_GATE_PROBE)
-		bucket->adapt.probe_at = now;
-	return result;
+	return rb_decide_take(&bucket->state, &bucket->adapt, &policy,
+						  bucket->rate, bucket->capacity,
+						  rate, capacity, want, now, write);
 }
 
 /*
@@ -171,10 +137,13 @@ static bool
 rb_peek_refuses(RbBucket *peeked, bool use_config, double rate,
 				double capacity, double want, RbTakeResult *result)
 {
+	bool		write;
+
 	if (!rb_limits_for(peeked, use_config, &rate, &capacity) ||
 		want > capacity)
 		return false;
-	*result = rb_decide(peeked, rate, capacity, want, GetCurrentTimestamp());
+	*result = rb_decide(peeked, rate, capacity, want, GetCurrentTimestamp(),
+						&write);
 	return !result->allowed;
 }
 
@@ -197,6 +166,7 @@ rb_take_with_limits(text *endpoint, bool use_config,
 	RbBucket	bucket;
 	RbTakeResult result;
 	TimestampTz now;
+	bool		write;
 
 	rb_storage_begin(&session);
 
@@ -242,12 +212,13 @@ rb_take_with_limits(text *endpoint, bool use_config,
 		rb_not_configured(endpoint);
 	rb_check_tokens_fit(want, capacity);
 
-	result = rb_decide(&bucket, rate, capacity, want, now);
-	if (result.allowed)
+	result = rb_decide(&bucket, rate, capacity, want, now, &write);
+	if (write)
 	{
 		bucket.rate = rate;
 		bucket.capacity = capacity;
-		rb_count_grant(&bucket, want, now);
+		if (result.allowed)
+			rb_count_grant(&bucket, want, now);
 		rb_storage_update(&bucket);
 	}
 
@@ -345,10 +316,12 @@ ratebucket_ready(PG_FUNCTION_ARGS)
 		bool		configured = rb_is_configured(&bucket);
 		RbTakeResult result;
 
+		bool		write;
+
 		result = rb_decide(&bucket,
 						   configured ? bucket.conf_rate : bucket.rate,
 						   configured ? bucket.conf_capacity : bucket.capacity,
-						   want, GetCurrentTimestamp());
+						   want, GetCurrentTimestamp(), &write);
 		ready = result.allowed;
 	}
 	PG_RETURN_BOOL(ready);

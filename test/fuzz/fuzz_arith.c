@@ -1,0 +1,664 @@
+/*-------------------------------------------------------------------------
+ *
+ * fuzz_arith.c
+ *	  libFuzzer target for the bucket arithmetic of src/arith.c and the
+ *	  feedback state machine of src/adapt.c.
+ *
+ * The fuzz data is a program: a policy, a starting clock, then a sequence
+ * of operations on one simulated bucket row (take, peek, observe an outcome,
+ * cool down, lower the factor, pause, resume, clock steps forward and back),
+ * each decoded from the next bytes.  The take and observe steps follow
+ * src/take.c (rb_decide, and what is stored after a grant) and
+ * src/feedback.c (ratebucket_observe) call for call, with arguments within
+ * the ranges the SQL layer lets through (src/validate.c, src/guc.c, the
+ * clamps of rb_bucket_policy): the PostgreSQL-free functions are called
+ * exactly as the extension calls them.  After every step the invariants of
+ * the row are checked, and abort() is called on a violation:
+ *
+ *	 - tokens finite, within [0, capacity] (the table's CHECK);
+ *	 - refilled_at never moves backwards;
+ *	 - a take's remaining within [0, capacity], its wait_seconds finite and
+ *	   >= 0, and 0 when allowed; a denied take of a paused / open / probing
+ *	   bucket waits until the gate's time;
+ *	 - a caller that waits wait_seconds (rounded up to the microsecond), with
+ *	   the same limits and nothing else changed, is granted (rb_wait_seconds'
+ *	   promise), for clocks within EXACT_USECS;
+ *	 - rate_factor stored in (0, 1], rb_factor_now within [floor, 1];
+ *	 - the cooldown never shrinks, and rb_clamp_cooldown stays in
+ *	   [min_cooldown, max_cooldown];
+ *	 - the breaker: closed means no trips and no probe; open periods within
+ *	   [breaker_open, breaker_max_open]; breaker_failures consecutive
+ *	   failures open a closed breaker; the probe's non-failure answer closes
+ *	   a half-open one; breaker_failures 0 keeps it closed.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adapt.h"
+#include "arith.h"
+
+/* PostgreSQL's timestamptz range (MIN_TIMESTAMP, END_TIMESTAMP). */
+#define PG_MIN_TS INT64_C(-211813488000000000)
+#define PG_END_TS INT64_C(9223371331200000000)
+/* The clock stays below this, so that now + a cooldown stays in range. */
+#define CLOCK_MAX (PG_END_TS - INT64_C(10000000000000))
+
+/* Limits of src/validate.h and src/guc.c. */
+#define MIN_RATE 1e-9
+#define MAX_RATE 1e12
+#define MAX_CAPACITY 1e12
+#define INT_MAX_MS ((int64_t) 2147483647)
+
+#define MAX_STEPS 64
+
+/*
+ * Times are exact in a double up to 2^53 microseconds (year 2255).  Beyond,
+ * the differences arith.c and take.c compute in double round, and a denied
+ * take one microsecond before the end of a pause may be told to wait 0 s:
+ * harmless, and only for clocks centuries ahead, so "a denial waits more
+ * than 0" is checked only within this range.
+ */
+#define EXACT_USECS INT64_C(9007199254740992)
+
+#define CHECK(cond) \
+	do { \
+		if (!(cond)) \
+		{ \
+			fprintf(stderr, "fuzz_arith: invariant violated at %s:%d: %s\n", \
+					__FILE__, __LINE__, #cond); \
+			dump_state(); \
+			abort(); \
+		} \
+	} while (0)
+
+/* ------------------------------------------------------------ the data -- */
+
+typedef struct Reader
+{
+	const uint8_t *p;
+	size_t		left;
+} Reader;
+
+static uint64_t
+rd_u64(Reader *r, int nbytes)
+{
+	uint64_t	v = 0;
+	int			i;
+
+	for (i = 0; i < nbytes; i++)
+	{
+		v <<= 8;
+		if (r->left > 0)
+		{
+			v |= *r->p++;
+			r->left--;
+		}
+	}
+	return v;
+}
+
+static unsigned
+rd_u8(Reader *r)
+{
+	return (unsigned) rd_u64(r, 1);
+}
+
+/* A fraction in [0, 1] from 4 bytes. */
+static double
+rd_frac(Reader *r)
+{
+	return (double) rd_u64(r, 4) / 4294967295.0;
+}
+
+/*
+ * A number within [lo, hi] (0 < lo): mostly log-uniform, sometimes one of
+ * the edges, or the raw bits of a double when they happen to fall in range.
+ */
+static double
+rd_bounded(Reader *r, double lo, double hi)
+{
+	unsigned	how = rd_u8(r) % 8;
+	double		v;
+
+	switch (how)
+	{
+		case 0:
+			return lo;
+		case 1:
+			return hi;
+		case 2:
+			return nextafter(lo, hi);
+		case 3:
+			return nextafter(hi, lo);
+		case 4:
+			{
+				uint64_t	bits = rd_u64(r, 8);
+
+				memcpy(&v, &bits, sizeof(v));
+				if (isfinite(v) && v >= lo && v <= hi)
+					return v;
+				return lo;
+			}
+		case 5:
+			/* small integers: 1, 2, ... */
+			v = (double) (rd_u8(r) + 1);
+			return v < lo ? lo : v > hi ? hi : v;
+		default:
+			v = lo * pow(hi / lo, rd_frac(r));
+			return v < lo ? lo : v > hi ? hi : v;
+	}
+}
+
+/* A duration in microseconds, 0 to max, often small. */
+static int64_t
+rd_usecs(Reader *r, int64_t max)
+{
+	unsigned	how = rd_u8(r) % 6;
+	uint64_t	v;
+
+	switch (how)
+	{
+		case 0:
+			return 0;
+		case 1:
+			return 1;
+		case 2:
+			v = rd_u64(r, 2);	/* up to 65 ms */
+			break;
+		case 3:
+			v = rd_u64(r, 4);	/* up to 71 minutes */
+			break;
+		default:
+			v = rd_u64(r, 8);
+			break;
+	}
+	return (int64_t) (v % ((uint64_t) max + 1));
+}
+
+/* ----------------------------------------------------------- the state -- */
+
+/* One simulated row of ratebucket.buckets: what arith.c and adapt.c see. */
+typedef struct Row
+{
+	double		rate;			/* limits of the last grant */
+	double		capacity;
+	RbState		state;
+	RbAdapt		adapt;
+	double		conf_floor_rate;	/* NaN: the GUC's fraction */
+	double		floor_fraction;
+} Row;
+
+static Row	row;
+static RbPolicy policy;
+static int64_t now;
+static int	step_no;
+static unsigned last_op;
+
+static void
+dump_state(void)
+{
+	fprintf(stderr,
+			"  step %d op %u now %lld\n"
+			"  row: rate %.17g capacity %.17g tokens %.17g refilled_at %lld\n"
+			"  adapt: rate_factor %.17g factor_at %lld cooldown_until %lld "
+			"at_floor_since %lld paused_until %lld failure_run %d trips %d "
+			"open_until %lld probe_at %lld\n"
+			"  policy: throttle %.17g floor %.17g recovery %.17g/%.17gs "
+			"cooldown default %lld min %lld max %lld breaker %d open %lld max %lld\n",
+			step_no, last_op, (long long) now,
+			row.rate, row.capacity, row.state.tokens,
+			(long long) row.state.refilled_at,
+			row.adapt.rate_factor, (long long) row.adapt.factor_at,
+			(long long) row.adapt.cooldown_until,
+			(long long) row.adapt.at_floor_since,
+			(long long) row.adapt.paused_until, row.adapt.failure_run,
+			row.adapt.breaker_trips, (long long) row.adapt.open_until,
+			(long long) row.adapt.probe_at,
+			policy.throttle_factor, policy.floor_factor,
+			policy.recovery_factor, policy.recovery_interval,
+			(long long) policy.default_cooldown,
+			(long long) policy.min_cooldown, (long long) policy.max_cooldown,
+			policy.breaker_failures, (long long) policy.breaker_open,
+			(long long) policy.breaker_max_open);
+}
+
+/* rb_bucket_policy's floor_factor for a ceiling (src/feedback.c). */
+static void
+set_floor(double ceiling)
+{
+	if (isnan(row.conf_floor_rate))
+		policy.floor_factor = row.floor_fraction;
+	else
+		policy.floor_factor = fmin(1.0, row.conf_floor_rate / ceiling);
+}
+
+/* The invariants that hold of the row between any two steps. */
+static void
+check_row(int64_t prev_refilled_at)
+{
+	double		f;
+
+	CHECK(isfinite(row.state.tokens));
+	CHECK(row.state.tokens >= 0.0);
+	CHECK(row.state.tokens <= row.capacity);
+	CHECK(row.state.refilled_at >= prev_refilled_at);
+
+	CHECK(isfinite(row.adapt.rate_factor));
+	CHECK(row.adapt.rate_factor > 0.0 && row.adapt.rate_factor <= 1.0);
+	set_floor(row.rate);
+	f = rb_factor_now(&row.adapt, &policy, now);
+	CHECK(isfinite(f));
+	CHECK(f >= policy.floor_factor && f <= 1.0);
+	CHECK(f > 0.0);
+
+	CHECK(row.adapt.failure_run >= 0);
+	CHECK(row.adapt.breaker_trips >= 0);
+	if (row.adapt.open_until == RB_NO_TIME)
+	{
+		CHECK(row.adapt.breaker_trips == 0);
+		CHECK(row.adapt.probe_at == RB_NO_TIME);
+	}
+	else
+		CHECK(row.adapt.breaker_trips >= 1);
+	if (row.adapt.probe_at != RB_NO_TIME)
+		CHECK(row.adapt.open_until != RB_NO_TIME);
+}
+
+/* ------------------------------------------------------------ the steps -- */
+
+/*
+ * A take of "want" with the limits (rate, capacity), the bucket's feedback
+ * on top: rb_decide_take, as src/take.c calls it, with checks of the gate
+ * it will meet.  On *write, the row gets the take's limits.
+ */
+static RbTakeResult
+decide(Row *b, double rate, double capacity, double want, int64_t at,
+	   RbGateReason *gate_out, int64_t *until_out, bool *write)
+{
+	RbTakeResult result;
+	RbGateReason gate;
+	int64_t		until;
+	double		effective;
+
+	set_floor(rate);
+	gate = rb_gate(&b->adapt, &policy, at, &until);
+	effective = rate * rb_factor_now(&b->adapt, &policy, at);
+	*gate_out = gate;
+	*until_out = until;
+
+	switch (gate)
+	{
+		case RB_GATE_OPEN:
+		case RB_GATE_PROBE:
+			CHECK(until == at);
+			break;
+		case RB_GATE_PAUSED:
+			CHECK(until == b->adapt.paused_until && until > at);
+			break;
+		case RB_GATE_BREAKER_OPEN:
+			CHECK(until == b->adapt.open_until && until > at);
+			CHECK(rb_breaker_state(&b->adapt, at) == RB_BREAKER_OPEN);
+			break;
+		case RB_GATE_PROBE_IN_FLIGHT:
+			CHECK(until > at);
+			CHECK(rb_breaker_state(&b->adapt, at) == RB_BREAKER_HALF_OPEN);
+			CHECK(b->adapt.probe_at != RB_NO_TIME);
+			break;
+		case RB_GATE_COOLDOWN:
+			CHECK(until == b->adapt.cooldown_until && until > at);
+			break;
+		default:
+			CHECK(!"unknown gate");
+	}
+	CHECK(isfinite(effective) && effective > 0.0);
+
+	result = rb_decide_take(&b->state, &b->adapt, &policy, b->rate, b->capacity,
+							rate, capacity, want, at, write);
+	if (*write)
+	{
+		b->rate = rate;
+		b->capacity = capacity;
+	}
+	return result;
+}
+
+static void
+check_result(const RbTakeResult *r, double capacity, int64_t now)
+{
+	CHECK(r->allowed == 0 || r->allowed == 1);
+	CHECK(isfinite(r->remaining));
+	CHECK(r->remaining >= 0.0 && r->remaining <= capacity);
+	CHECK(isfinite(r->wait_seconds));
+	CHECK(r->wait_seconds >= 0.0);
+	if (r->allowed)
+		CHECK(r->wait_seconds == 0.0);
+	else if (now > -EXACT_USECS && now < EXACT_USECS)
+		CHECK(r->wait_seconds > 0.0);	/* see EXACT_USECS */
+}
+
+/* A take, as bucket_take(endpoint, rate, capacity, want) does it. */
+static void
+step_take(Reader *r, int peek_only)
+{
+	double		rate;
+	double		capacity;
+	double		want;
+	Row			copy;
+	RbTakeResult res;
+	RbGateReason gate;
+	int64_t		until;
+	bool		write;
+
+	/* often the limits already stored, sometimes new ones */
+	if (rd_u8(r) % 4 == 0)
+	{
+		rate = rd_bounded(r, MIN_RATE, MAX_RATE);
+		capacity = rd_bounded(r, nextafter(0.0, 1.0), MAX_CAPACITY);
+	}
+	else
+	{
+		rate = row.rate;
+		capacity = row.capacity;
+	}
+	want = rd_bounded(r, nextafter(0.0, 1.0), capacity);	/* want <= capacity */
+
+	copy = row;
+	res = decide(&copy, rate, capacity, want, now, &gate, &until, &write);
+	check_result(&res, capacity, now);
+	if (gate == RB_GATE_PAUSED || gate == RB_GATE_BREAKER_OPEN ||
+		gate == RB_GATE_PROBE_IN_FLIGHT)
+	{
+		CHECK(!res.allowed);
+		CHECK(memcmp(&copy, &row, sizeof(row)) == 0);
+	}
+	/*
+	 * A cooldown in force by the bucket's own clock grants nothing.  (Once
+	 * a take has refilled past the cooldown's end, a clock that then steps
+	 * back into the cooldown finds the tokens earned after it: those may be
+	 * granted, as the design's "one clock" rule says.)
+	 */
+	if (gate == RB_GATE_COOLDOWN &&
+		row.state.refilled_at <= row.adapt.cooldown_until)
+		CHECK(!res.allowed);
+
+	/*
+	 * A denied take that only lacks tokens: waiting wait_seconds (rounded
+	 * up to the microsecond, as a caller's clock ticks) must be enough, if
+	 * the wait is short enough that the clock stays in range and nothing
+	 * else changes by then.
+	 */
+	if (!res.allowed && (gate == RB_GATE_OPEN || gate == RB_GATE_COOLDOWN) &&
+		rate == row.rate && capacity == row.capacity &&
+		res.wait_seconds < 1e8)
+	{
+		int64_t		later = now + (int64_t) ceil(res.wait_seconds * RB_USECS_PER_SEC);
+		Row			again = row;	/* a denied take stored nothing */
+		RbTakeResult res2;
+		RbGateReason gate2;
+		int64_t		until2;
+		bool		write2;
+
+		if (later < EXACT_USECS && now > -EXACT_USECS &&
+			row.state.refilled_at > -EXACT_USECS &&
+			(row.adapt.paused_until == RB_NO_TIME || row.adapt.paused_until <= now) &&
+			row.adapt.open_until == RB_NO_TIME &&
+			row.adapt.rate_factor >= 1.0)
+		{
+			res2 = decide(&again, rate, capacity, want, later, &gate2, &until2,
+						  &write2);
+			check_result(&res2, capacity, later);
+			if (!res2.allowed || gate2 != RB_GATE_OPEN)
+				fprintf(stderr,
+						"  take of %.17g at rate %.17g capacity %.17g: denied, wait %.17g s "
+						"(remaining %.17g); at now + %lld us: gate %d, allowed %d, "
+						"remaining %.17g, wait %.17g s, factor %.17g\n",
+						want, rate, capacity, res.wait_seconds, res.remaining,
+						(long long) (later - now), (int) gate2, (int) res2.allowed,
+						res2.remaining, res2.wait_seconds,
+						rb_factor_now(&row.adapt, &policy, later));
+			CHECK(gate2 == RB_GATE_OPEN);
+			CHECK(res2.allowed);
+		}
+	}
+
+	if (peek_only)
+		return;					/* bucket_ready: nothing is stored */
+	if (write)
+		row = copy;				/* what ratebucket_take writes back */
+	else
+		CHECK(!res.allowed);
+}
+
+/* An outcome, as bucket_observe(endpoint, status, retry_after) does it. */
+static void
+step_observe(Reader *r)
+{
+	static const int statuses[] = {200, 204, 429, 503, 500, 408, 0, 404, 301, 599};
+	int			status = statuses[rd_u8(r) % 10];
+	int			has_status = rd_u8(r) % 8 != 0;
+	unsigned	ra = rd_u8(r) % 4;
+	double		ra_seconds = NAN;	/* no usable Retry-After */
+	RbOutcome	outcome;
+	RbBreakerState before_state;
+	int64_t		before_cooldown = row.adapt.cooldown_until;
+	int64_t		before_refilled = row.state.refilled_at;
+	int32_t		before_run = row.adapt.failure_run;
+	double		ceiling = row.rate;
+
+	if (ra == 1)
+		ra_seconds = (double) rd_u64(r, 4);		/* a delay */
+	else if (ra == 2)
+		ra_seconds = -(double) rd_u64(r, 5);	/* a date in the past */
+	else if (ra == 3)
+		ra_seconds = rd_bounded(r, 1e-9, 1e9);
+
+	outcome = rb_classify(status, has_status, !isnan(ra_seconds));
+	set_floor(ceiling);
+	before_state = rb_breaker_state(&row.adapt, now);
+
+	rb_bank_factor(&row.adapt, &policy, now);
+	check_row(before_refilled);
+
+	if (outcome == RB_OUTCOME_THROTTLED || outcome == RB_OUTCOME_UNAVAILABLE)
+	{
+		int64_t		c = rb_clamp_cooldown(&policy, ra_seconds);
+
+		CHECK(c >= policy.min_cooldown && c <= policy.max_cooldown);
+		rb_cool_down(&row.state, &row.adapt, now + c);
+		CHECK(row.adapt.cooldown_until != RB_NO_TIME);
+		CHECK(row.adapt.cooldown_until >= now + c);
+		if (before_cooldown != RB_NO_TIME)
+			CHECK(row.adapt.cooldown_until >= before_cooldown);
+		CHECK(row.state.refilled_at >= row.adapt.cooldown_until ||
+			  row.adapt.cooldown_until == before_cooldown);
+	}
+	if (outcome == RB_OUTCOME_THROTTLED)
+	{
+		double		before = rb_factor_now(&row.adapt, &policy, now);
+
+		rb_lower_factor(&row.adapt, &policy,
+						before * policy.throttle_factor, now);
+		CHECK(rb_factor_now(&row.adapt, &policy, now) <= before);
+	}
+
+	rb_breaker_observe(&row.adapt, &policy, outcome, now);
+
+	if (outcome == RB_OUTCOME_SUCCESS)
+		CHECK(row.adapt.failure_run == 0);
+	else if (outcome == RB_OUTCOME_FAILURE)
+		CHECK(row.adapt.failure_run == before_run + (before_run < INT32_MAX));
+	else
+		CHECK(row.adapt.failure_run == before_run);
+
+	if (policy.breaker_failures <= 0)
+		CHECK(rb_breaker_state(&row.adapt, now) == RB_BREAKER_CLOSED);
+	else if (before_state == RB_BREAKER_CLOSED)
+	{
+		if (outcome == RB_OUTCOME_FAILURE &&
+			row.adapt.failure_run >= policy.breaker_failures)
+		{
+			CHECK(rb_breaker_state(&row.adapt, now) == RB_BREAKER_OPEN);
+			CHECK(row.adapt.open_until - now >= policy.breaker_open);
+			CHECK(row.adapt.open_until - now <= policy.breaker_max_open);
+			CHECK(row.adapt.breaker_trips == 1);
+		}
+		else
+			CHECK(rb_breaker_state(&row.adapt, now) == RB_BREAKER_CLOSED);
+	}
+	else if (before_state == RB_BREAKER_HALF_OPEN &&
+			 rb_breaker_state(&row.adapt, now) != RB_BREAKER_HALF_OPEN)
+	{
+		/* only the probe's answer moves a half-open breaker */
+		if (outcome == RB_OUTCOME_FAILURE)
+		{
+			CHECK(rb_breaker_state(&row.adapt, now) == RB_BREAKER_OPEN);
+			CHECK(row.adapt.open_until - now >= policy.breaker_open);
+			CHECK(row.adapt.open_until - now <= policy.breaker_max_open);
+		}
+		else
+			CHECK(rb_breaker_state(&row.adapt, now) == RB_BREAKER_CLOSED);
+	}
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	Reader		r = {data, size};
+	unsigned	steps;
+
+	memset(&row, 0, sizeof(row));
+	memset(&policy, 0, sizeof(policy));
+	step_no = 0;
+	last_op = 0;
+
+	/* the policy, within what rb_bucket_policy can produce */
+	policy.throttle_factor = rd_bounded(&r, 0.01, 1.0);
+	policy.recovery_factor = rd_u8(&r) % 4 == 0 ? 1.0 : rd_bounded(&r, 1.0, 100.0);
+	policy.recovery_interval = (double) (1 + rd_u64(&r, 3) % 86400);
+	policy.default_cooldown = rd_usecs(&r, INT64_C(86400000000));
+	policy.min_cooldown = rd_usecs(&r, INT64_C(86400000000));
+	policy.max_cooldown = INT64_C(1000000) + rd_usecs(&r, (INT_MAX_MS - 1000) * 1000);
+	if (policy.min_cooldown > policy.max_cooldown)
+		policy.min_cooldown = policy.max_cooldown;
+	switch (rd_u8(&r) % 4)
+	{
+		case 0:
+			policy.breaker_failures = 0;
+			break;
+		case 1:
+			policy.breaker_failures = (int) (rd_u64(&r, 4) & 0x7fffffff);
+			break;
+		default:
+			policy.breaker_failures = 1 + (int) (rd_u8(&r) % 8);
+			break;
+	}
+	policy.breaker_open = INT64_C(1000) + rd_usecs(&r, (INT_MAX_MS - 1) * 1000);
+	policy.breaker_max_open = INT64_C(1000) + rd_usecs(&r, (INT_MAX_MS - 1) * 1000);
+	if (policy.breaker_max_open < policy.breaker_open)
+		policy.breaker_max_open = policy.breaker_open;
+
+	/* the clock: anywhere in PostgreSQL's range, usually near today */
+	if (rd_u8(&r) % 4 == 0)
+		now = (int64_t) ((uint64_t) PG_MIN_TS +
+						 rd_u64(&r, 8) % ((uint64_t) CLOCK_MAX - (uint64_t) PG_MIN_TS));
+	else
+		now = INT64_C(753000000000000) + (int64_t) rd_u64(&r, 5);
+
+	/* a new bucket, full (rb_new_bucket of src/take.c) */
+	row.rate = rd_bounded(&r, MIN_RATE, MAX_RATE);
+	row.capacity = rd_bounded(&r, nextafter(0.0, 1.0), MAX_CAPACITY);
+	row.state.tokens = row.capacity;
+	row.state.refilled_at = now;
+	rb_adapt_init(&row.adapt);
+	row.floor_fraction = rd_bounded(&r, 0.0001, 1.0);
+	row.conf_floor_rate = rd_u8(&r) % 2 ? NAN : rd_bounded(&r, MIN_RATE, MAX_RATE);
+	check_row(now);
+
+	steps = rd_u8(&r) % (MAX_STEPS + 1);
+	for (step_no = 1; step_no <= (int) steps && r.left > 0; step_no++)
+	{
+		int64_t		prev_refilled = row.state.refilled_at;
+		unsigned	op = rd_u8(&r) % 12;
+
+		last_op = op;
+		switch (op)
+		{
+			case 0:
+			case 1:
+			case 2:
+				step_take(&r, 0);
+				break;
+			case 3:
+				step_take(&r, 1);
+				break;
+			case 4:
+			case 5:
+				step_observe(&r);
+				break;
+			case 6:
+				/* the clock goes forward */
+				now += rd_usecs(&r, INT64_C(100000000000));
+				if (now > CLOCK_MAX)
+					now = CLOCK_MAX;
+				break;
+			case 7:
+				/* the clock steps back (NTP, a failover to another host) */
+				now -= rd_usecs(&r, INT64_C(100000000000));
+				if (now < PG_MIN_TS)
+					now = PG_MIN_TS;
+				break;
+			case 8:
+				/* a cooldown of a Retry-After in raw seconds */
+				{
+					double		secs;
+					int64_t		c;
+					uint64_t	bits = rd_u64(&r, 8);
+
+					memcpy(&secs, &bits, sizeof(secs));
+					c = rb_clamp_cooldown(&policy, secs);
+					CHECK(c >= policy.min_cooldown && c <= policy.max_cooldown);
+					rb_cool_down(&row.state, &row.adapt, now + c);
+				}
+				break;
+			case 9:
+				/* a published limit: lower the factor to any value */
+				{
+					double		f;
+					uint64_t	bits = rd_u64(&r, 8);
+
+					if (rd_u8(&r) % 2)
+						memcpy(&f, &bits, sizeof(f));
+					else
+						f = rd_frac(&r);
+					set_floor(row.rate);
+					rb_bank_factor(&row.adapt, &policy, now);
+					rb_lower_factor(&row.adapt, &policy, f, now);
+				}
+				break;
+			case 10:
+				/* bucket_pause: for a positive duration, or forever */
+				if (rd_u8(&r) % 3 == 0)
+					row.adapt.paused_until = RB_FOREVER;
+				else
+				{
+					int64_t		room = now < 0 ? INT64_C(4000000000000000000) :
+						PG_END_TS - 2 - now;
+					int64_t		d = 1 + rd_usecs(&r, room);
+
+					row.adapt.paused_until = now + d;
+				}
+				break;
+			case 11:
+				/* bucket_resume */
+				row.adapt.paused_until = RB_NO_TIME;
+				break;
+		}
+		check_row(prev_refilled);
+	}
+	return 0;
+}
