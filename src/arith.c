@@ -121,6 +121,7 @@ rb_take(RbState *state, double rate, double capacity, double want,
 		 */
 		usecs = ceil(result.wait_seconds * RB_USECS_PER_SEC);
 		for (i = 0; i < 4 && usecs < 9.0e15 &&
+			 (double) now + usecs < 9.0e18 &&	/* no int64 overflow below */
 			 rb_refill(stored.tokens, rate, capacity, stored.refilled_at,
 					   now + (int64_t) usecs) < want; i++)
 			usecs += 1.0;
