@@ -6,8 +6,9 @@
  * A take locks the endpoint's row, then reads the clock, refills, takes if
  * it can, and writes the row back, all before the caller's transaction ends:
  * every taker of one bucket shares one clock and one order, and a take that
- * rolls back gives its tokens back.  A denied take writes nothing: its
- * refill is a function of time alone and is recomputed by the next reader.
+ * rolls back gives its tokens back.  A denied take writes nothing (unless
+ * it changes the limits, see rb_decide_take): its refill is a function of
+ * time alone and is recomputed by the next reader.
  * A take refused by the committed state of a row that another transaction
  * holds does not even wait for that transaction.
  *
