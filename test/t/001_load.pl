@@ -42,6 +42,9 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes ();
 
+use lib 'test/perl';
+use RatebucketTest;
+
 my $t_start = Time::HiRes::time();
 
 # ------------------------------------------------------------------ setup --
@@ -136,14 +139,7 @@ COMMIT;
 
 my %files = map { ("$_->{name}\@$_->{weight}" => $_->{sql}) } @scripts;
 my $log_prefix = $node->basedir . '/pgbench_load';
-my @defines;
-for my $b (sort keys %bucket)
-{
-	push @defines,
-	  "-D${b}_ep=$b",
-	  "-D${b}_rate=$bucket{$b}{rate}",
-	  "-D${b}_cap=$bucket{$b}{capacity}";
-}
+my @defines = bucket_defines(\%bucket);
 
 my $t_bench = Time::HiRes::time();
 $node->pgbench(
@@ -162,33 +158,15 @@ $node->pgbench(
 	'postgres');
 $t_bench = Time::HiRes::time() - $t_bench;
 
-# Per-transaction logs, one per thread: client_id transaction_no time
-# script_no time_epoch time_us.  From them: transactions per script, and
-# the span from the first start to the last end.
-my @per_script = (0) x scalar @scripts;
-my ($first_start, $last_end);
-my $logs = 0;
-for my $log (glob("$log_prefix.*"))
-{
-	$logs++;
-	open my $fh, '<', $log or die "cannot open $log: $!";
-	while (my $line = <$fh>)
-	{
-		my ($client, $xact, $latency, $script, $sec, $usec) = split ' ', $line;
-		die "unexpected pgbench log line in $log: $line"
-		  unless defined $usec && $latency =~ /^\d+$/;
-		my $end   = $sec + $usec / 1e6;
-		my $start = $end - $latency / 1e6;
-		$per_script[$script]++;
-		$first_start = $start if !defined $first_start || $start < $first_start;
-		$last_end    = $end   if !defined $last_end    || $end > $last_end;
-	}
-	close $fh;
-}
+# Per-transaction logs, one per thread: transactions per script, and the
+# span from the first start to the last end.
+my $stats      = pgbench_log_stats($log_prefix, scalar @scripts);
+my @per_script = @{ $stats->{per_script} };
+my $logs       = $stats->{logs};
 ok($logs == $threads, "pgbench wrote one transaction log per thread ($logs)");
 my $xacts = 0;
 $xacts += $_ for @per_script;
-my $span = $last_end - $first_start;
+my $span = $stats->{last_end} - $stats->{first_start};
 my $tps  = $xacts / $span;
 note(sprintf('pgbench: %d clients, %d threads, -T %d: %d transactions in %.3f s = %.0f tps (pgbench wall time %.1f s)',
 		$clients, $threads, $duration, $xacts, $span, $tps, $t_bench));
@@ -199,14 +177,6 @@ for my $i (0 .. $#scripts)
 }
 
 # ------------------------------------------------------------- invariants --
-
-# Numbers from SQL, one row of '|'-separated fields.
-sub query_row
-{
-	my ($sql) = @_;
-	my $out = $node->safe_psql('postgres', $sql);
-	return split /\|/, $out;
-}
 
 my $rolled_back = $node->safe_psql('postgres',
 	q{SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM rolled_back_grants});
@@ -227,7 +197,7 @@ for my $b (sort keys %bucket)
 
 	# T from the bucket's own clock: created full at its first take, last
 	# grant at last_granted_at.
-	my ($rows, $takes, $tokens, $T, $bound) = query_row(qq{
+	my ($rows, $takes, $tokens, $T, $bound) = query_row($node, qq{
 SELECT (SELECT count(*) FROM grants WHERE endpoint = '$b'),
        b.takes_granted,
        b.tokens_granted,
@@ -251,20 +221,9 @@ FROM ratebucket.buckets AS b WHERE b.endpoint = '$b'});
 			$b, $takes, 100 * $eff, 100 * $efficiency_min));
 
 	# Every pair of grants i < j (by grant time):
-	#   (j - i) - rate*(t_j - t_i) <= capacity.
-	# The maximum over all pairs is max_j (n_j - rate*t_j) + max_{i<j}
-	# (rate*t_i - n_i), with n the number of grants at or before t: one
-	# pass with a running max, in exact numeric arithmetic.
-	my ($excess, $n_grants) = query_row(qq{
-WITH g AS (
-  SELECT extract(epoch FROM at) AS t,
-         count(*) OVER (ORDER BY at RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS n
-  FROM grants WHERE endpoint = '$b'),
-d AS (
-  SELECT n - $rate * t AS hi,
-         max($rate * t - n) OVER (ORDER BY t, n ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS lo
-  FROM g)
-SELECT coalesce(max(hi + lo), 0), (SELECT count(*) FROM g) FROM d});
+	#   (j - i) - rate*(t_j - t_i) <= capacity
+	# (the maximum over all pairs in one pass: window_excess).
+	my ($excess, undef, $n_grants) = window_excess($node, "grants WHERE endpoint = '$b'", $rate);
 	ok($excess <= $cap + 1e-6,
 		sprintf('%s: sliding window, all %d pairs of grants: max (j-i) - rate*(t_j-t_i) = %.3f <= capacity %s',
 			$b, $n_grants * ($n_grants - 1) / 2, $excess, $cap));
@@ -272,7 +231,7 @@ SELECT coalesce(max(hi + lo), 0), (SELECT count(*) FROM g) FROM d});
 	# The same for windows of fixed lengths, as a ratio to the bound: the
 	# grants in (t_i, t_i + w] never exceed rate*w + capacity.
 	my @w = (0.1, 0.5, 1, 2);
-	my @max = query_row(
+	my @max = query_row($node,
 		"SELECT "
 		  . join(', ', map { "coalesce(max(n$_), 0)" } 0 .. $#w)
 		  . " FROM (SELECT "
@@ -302,7 +261,7 @@ SELECT coalesce(max(hi + lo), 0), (SELECT count(*) FROM g) FROM d});
 # and none of them is in takes_granted (checked above: grants rows =
 # takes_granted, and the rollback script inserts no grants row) nor cost the
 # hot bucket's committed takers their efficiency (checked above).
-my ($hot_takes, $hot_bound) = query_row(qq{
+my ($hot_takes, $hot_bound) = query_row($node, qq{
 SELECT takes_granted,
        $bucket{hot}{rate} * extract(epoch FROM last_granted_at - created_at) + $bucket{hot}{capacity}
 FROM ratebucket.buckets WHERE endpoint = 'hot'});

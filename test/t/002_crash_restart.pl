@@ -53,6 +53,9 @@ use Test::More;
 use IPC::Run ();
 use Time::HiRes ();
 
+use lib 'test/perl';
+use RatebucketTest;
+
 my $t_start = Time::HiRes::time();
 
 # ------------------------------------------------------------------ setup --
@@ -89,44 +92,9 @@ CREATE TABLE grants (
 });
 
 # One script per bucket (pgbench numbers them in the order of their names):
-# one statement, one transaction: take, and record the grant.
-my %files;
-my @defines;
-for my $b (@names)
-{
-	$files{"take_$b"} = qq{
-INSERT INTO grants(endpoint)
-SELECT :${b}_ep::text FROM ratebucket.bucket_take(:${b}_ep, :${b}_rate, :${b}_cap)
-WHERE allowed;
-};
-	push @defines,
-	  "-D${b}_ep=$b",
-	  "-D${b}_rate=$bucket{$b}{rate}",
-	  "-D${b}_cap=$bucket{$b}{capacity}";
-}
-
-# Script files for a pgbench run, named "<run>_take_<bucket>"; returns the -f
-# options (with weights).
-sub script_opts
-{
-	my ($run) = @_;
-	my @opts;
-	for my $b (@names)
-	{
-		my $file = $node->basedir . "/${run}_take_$b";
-		PostgreSQL::Test::Utils::append_to_file($file, $files{"take_$b"});
-		push @opts, '-f', "$file\@$bucket{$b}{weight}";
-	}
-	return @opts;
-}
-
-# Numbers from SQL, one row of '|'-separated fields.
-sub query_row
-{
-	my ($sql) = @_;
-	my $out = $node->safe_psql('postgres', $sql);
-	return split /\|/, $out;
-}
+# one statement, one transaction: take, and record the grant (take_script;
+# script_opts writes them, with their weights, for each pgbench run).
+my @defines = bucket_defines(\%bucket);
 
 # ------------------------------------------------- load, then the crash --
 
@@ -137,7 +105,7 @@ my @bench1 = (
 	'-c', $clients, '-j', $threads,
 	'-T', 600,    # much longer than it will live
 	'-h', $node->host, '-p', $node->port,
-	@defines, script_opts('run1'), 'postgres');
+	@defines, script_opts($node->basedir, 'run1', \%bucket), 'postgres');
 my $bench1 =
   IPC::Run::start(\@bench1, '<', \undef, '>', \$bench1_out, '2>', \$bench1_err,
 	$bench1_timer);
@@ -152,60 +120,21 @@ cmp_ok($grants_so_far, '>', 0,
 $bench1->pump_nb;
 ok($bench1->pumpable, 'pgbench still running when the server is killed');
 
-# The postmaster's children, from /proc.
-sub children_of
-{
-	my ($ppid) = @_;
-	my @kids;
-	opendir(my $dh, '/proc') or die "cannot read /proc: $!";
-	for my $pid (grep { /^\d+$/ } readdir $dh)
-	{
-		open(my $fh, '<', "/proc/$pid/stat") or next;    # gone meanwhile
-		my $stat = <$fh>;
-		close $fh;
-		next unless defined $stat;
-		# pid (comm) state ppid ...: comm may hold spaces and parentheses
-		my ($state, $parent) = $stat =~ /\)\s+(\S)\s+(\d+)/ or next;
-		push @kids, $pid if $parent == $ppid;
-	}
-	closedir $dh;
-	return @kids;
-}
-
-# A process exists until it is reaped: a zombie still holds its pid, and the
-# restarted postmaster would take a zombie predecessor for a live one.
-sub exists_pid
-{
-	my ($pid) = @_;
-	return -e "/proc/$pid";
-}
-
-my $postmaster = $node->{_pid};
-die 'no postmaster pid' unless $postmaster;
 # Freeze the postmaster, so it neither forks nor notices its children dying,
-# then kill every child and the postmaster itself.
-kill 'STOP', $postmaster or die "cannot SIGSTOP postmaster $postmaster: $!";
-my @children = children_of($postmaster);
-my $t_crash  = Time::HiRes::time();
-my $killed   = kill 'KILL', @children;
-$node->kill9;    # SIGKILL to the postmaster, and the Cluster forgets its pid
+# then kill every child and the postmaster itself, and wait until every
+# killed process is gone and reaped (a leftover backend would still be
+# attached to the shared memory, a leftover postmaster pid would make the
+# lock file look current, and the restart would refuse to run).
+my $kill       = kill_server($node);
+my $postmaster = $kill->{postmaster};
+my @children   = @{ $kill->{children} };
+my $t_crash    = $kill->{t_kill};
+my $killed     = $kill->{killed};
+my $t_gone     = Time::HiRes::time();
 note(sprintf('crash: %.2f s into the first load: SIGKILL to the postmaster (%d) and its %d children (%d killed)',
 		$t_crash - $t_bench1, $postmaster, scalar @children, $killed));
 cmp_ok(scalar @children, '>=', $clients,
 	"the server had at least $clients backends when killed (" . scalar(@children) . ' children)');
-
-# Wait until every killed process is gone and reaped (a leftover backend would
-# still be attached to the shared memory, a leftover postmaster pid would make
-# the lock file look current, and the restart would refuse to run).
-my $deadline = Time::HiRes::time() + 30;
-while (grep { exists_pid($_) } $postmaster, @children)
-{
-	die 'killed server processes are still alive after 30 s'
-	  if Time::HiRes::time() > $deadline;
-	Time::HiRes::sleep(0.01);
-}
-
-my $t_gone = Time::HiRes::time();
 
 # pgbench loses its connections and gives up: a failed run is expected.
 $bench1->finish;
@@ -245,7 +174,7 @@ for my $b (@names)
 	my ($rate, $cap) = @{ $bucket{$b} }{qw(rate capacity)};
 	my ($rows, $takes, $tokens, $refilled_at, $last_granted_at, $refilled_is_last,
 		$after_prev, $before_last, $refilled_ep, $last_grant_ep, $tokens_now)
-	  = query_row(qq{
+	  = query_row($node, qq{
 WITH g AS (
   SELECT at, row_number() OVER (ORDER BY at DESC) AS k
   FROM grants WHERE endpoint = '$b')
@@ -290,7 +219,7 @@ $node->command_checks_all(
 		'-c', $clients, '-j', $threads,
 		'-T', $after_restart,
 		'-l', "--log-prefix=$log_prefix",
-		@defines, script_opts('run2'), 'postgres'
+		@defines, script_opts($node->basedir, 'run2', \%bucket), 'postgres'
 	],
 	0,
 	[
@@ -302,25 +231,9 @@ $node->command_checks_all(
 
 # Per-transaction logs of the second load: transactions per script (that is,
 # per bucket) and the span from the first start to the last end.
-my @per_script = (0) x scalar @names;
-my ($first_start, $last_end);
-for my $log (glob("$log_prefix.*"))
-{
-	open my $fh, '<', $log or die "cannot open $log: $!";
-	while (my $line = <$fh>)
-	{
-		my ($client, $xact, $latency, $script, $sec, $usec) = split ' ', $line;
-		die "unexpected pgbench log line in $log: $line"
-		  unless defined $usec && $latency =~ /^\d+$/;
-		my $end   = $sec + $usec / 1e6;
-		my $start = $end - $latency / 1e6;
-		$per_script[$script]++;
-		$first_start = $start if !defined $first_start || $start < $first_start;
-		$last_end    = $end   if !defined $last_end    || $end > $last_end;
-	}
-	close $fh;
-}
-my $span2 = defined $last_end ? $last_end - $first_start : 0;
+my $stats      = pgbench_log_stats($log_prefix, scalar @names);
+my @per_script = @{ $stats->{per_script} };
+my $span2 = defined $stats->{last_end} ? $stats->{last_end} - $stats->{first_start} : 0;
 cmp_ok($span2, '>', 0, 'second pgbench wrote its transaction logs');
 $span2 ||= 1;
 
@@ -337,7 +250,7 @@ for my $i (0 .. $#names)
 		sprintf('%s: second load saturates the bucket (%.0f takes/s vs rate %g/s)', $b, $demand, $rate));
 
 	my ($rows, $takes, $T, $bound, $before, $after, $last_before, $first_after)
-	  = query_row(qq{
+	  = query_row($node, qq{
 SELECT (SELECT count(*) FROM grants WHERE endpoint = '$b'),
        b.takes_granted,
        extract(epoch FROM b.last_granted_at - b.created_at),
@@ -358,7 +271,7 @@ FROM ratebucket.buckets AS b WHERE b.endpoint = '$b'});
 
 	# After the restart: the n-th grant at g_n has n <= tokens0 + rate*(g_n -
 	# refilled_at0), tokens0 and refilled_at0 as replayed.
-	my ($restart_excess) = query_row(qq{
+	my ($restart_excess) = query_row($node, qq{
 SELECT coalesce(max(n - $rate * (t - $r->{refilled_ep})), 0)
 FROM (SELECT extract(epoch FROM at) AS t,
              count(*) OVER (ORDER BY at RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS n
@@ -369,20 +282,8 @@ FROM (SELECT extract(epoch FROM at) AS t,
 
 	# All pairs of grants, as in 001_load.pl; then only the pairs i < j with
 	# i before the crash and j after the restart.
-	my ($excess, $cross, $n_grants) = query_row(qq{
-WITH g AS (
-  SELECT at, extract(epoch FROM at) AS t,
-         count(*) OVER (ORDER BY at RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS n
-  FROM grants WHERE endpoint = '$b'),
-d AS (
-  SELECT at, n - $rate * t AS hi, $rate * t - n AS lo1,
-         max($rate * t - n) OVER (ORDER BY t, n ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS lo
-  FROM g)
-SELECT coalesce(max(hi + lo), 0),
-       (SELECT max(hi) FROM d WHERE at >= '$restart_at')
-         + (SELECT max(lo1) FROM d WHERE at < '$restart_at'),
-       (SELECT count(*) FROM g)
-FROM d});
+	my ($excess, $cross, $n_grants) = window_excess($node,
+		"grants WHERE endpoint = '$b'", $rate, $restart_at);
 	ok($excess <= $cap + 1e-6,
 		sprintf('%s: sliding window, all %d pairs of grants: max (j-i) - rate*(t_j-t_i) = %.3f <= capacity %s',
 			$b, $n_grants * ($n_grants - 1) / 2, $excess, $cap));
@@ -399,7 +300,7 @@ FROM d});
 	my $eff      = $takes / $bound;
 	my $at_first = $r->{tokens} + $rate * ($first_after - $r->{refilled_ep});
 	$at_first = $cap if $at_first > $cap;
-	my ($last2) = query_row(qq{SELECT extract(epoch FROM last_granted_at) FROM ratebucket.buckets WHERE endpoint = '$b'});
+	my ($last2) = query_row($node, qq{SELECT extract(epoch FROM last_granted_at) FROM ratebucket.buckets WHERE endpoint = '$b'});
 	my $available = $at_first + $rate * ($last2 - $first_after);
 	my $teeth     = $cap - $at_first;
 	note(sprintf('%s (rate %g/s, capacity %g): grants %d before the crash + %d after the restart = %d = takes_granted %d; T = %.3f s (downtime included); bound rate*T + capacity = %.1f; efficiency %.2f%% (downtime included); all-pairs max excess %.3f, across the crash %.3f (capacity %g)',

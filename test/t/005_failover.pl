@@ -78,6 +78,9 @@ use Test::More;
 use IPC::Run ();
 use Time::HiRes ();
 
+use lib 'test/perl';
+use RatebucketTest;
+
 my $t_start = Time::HiRes::time();
 
 my $clients       = 8;
@@ -91,101 +94,8 @@ my %bucket = (
 	mid  => { rate => 200, capacity => 40 },);
 my @names = sort keys %bucket;
 
-my %files;
-my @defines;
-for my $b (@names)
-{
-	$files{$b} = qq{
-INSERT INTO grants(endpoint)
-SELECT :${b}_ep::text FROM ratebucket.bucket_take(:${b}_ep, :${b}_rate, :${b}_cap)
-WHERE allowed;
-};
-	push @defines,
-	  "-D${b}_ep=$b",
-	  "-D${b}_rate=$bucket{$b}{rate}",
-	  "-D${b}_cap=$bucket{$b}{capacity}";
-}
-
-# pgbench -f options for one run, script files written under $dir.
-sub script_opts
-{
-	my ($dir, $run) = @_;
-	my @opts;
-	for my $b (@names)
-	{
-		my $file = "$dir/${run}_take_$b";
-		PostgreSQL::Test::Utils::append_to_file($file, $files{$b});
-		push @opts, '-f', $file;
-	}
-	return @opts;
-}
-
-sub query_row
-{
-	my ($node, $sql) = @_;
-	return split /\|/, $node->safe_psql('postgres', $sql);
-}
-
-# The postmaster's children, from /proc (as in 002_crash_restart.pl).
-sub children_of
-{
-	my ($ppid) = @_;
-	my @kids;
-	opendir(my $dh, '/proc') or die "cannot read /proc: $!";
-	for my $pid (grep { /^\d+$/ } readdir $dh)
-	{
-		open(my $fh, '<', "/proc/$pid/stat") or next;
-		my $stat = <$fh>;
-		close $fh;
-		next unless defined $stat;
-		my ($state, $parent) = $stat =~ /\)\s+(\S)\s+(\d+)/ or next;
-		push @kids, $pid if $parent == $ppid;
-	}
-	closedir $dh;
-	return @kids;
-}
-
-# Kill the whole server at once: SIGSTOP the postmaster, SIGKILL its children
-# and itself, and wait until every process is reaped.
-sub kill_server
-{
-	my ($node) = @_;
-	my $postmaster = $node->{_pid} or die 'no postmaster pid';
-	kill 'STOP', $postmaster or die "cannot SIGSTOP postmaster $postmaster: $!";
-	my @children = children_of($postmaster);
-	kill 'KILL', @children;
-	$node->kill9;
-	my $deadline = Time::HiRes::time() + 30;
-	while (grep { -e "/proc/$_" } $postmaster, @children)
-	{
-		die 'killed server processes still alive after 30 s'
-		  if Time::HiRes::time() > $deadline;
-		Time::HiRes::sleep(0.01);
-	}
-	return scalar @children;
-}
-
-# Max over pairs i < j of grants (by time) of (j - i) - rate*(t_j - t_i),
-# over the grants selected by $from (a FROM item with a column "at"); with
-# $split, also the max over the pairs with t_i < $split <= t_j.
-sub window_excess
-{
-	my ($node, $from, $rate, $split) = @_;
-	my $cross = defined $split
-	  ? qq{(SELECT max(hi) FROM d WHERE at >= '$split') + (SELECT max(lo1) FROM d WHERE at < '$split')}
-	  : 'NULL';
-	my ($excess, $cross_excess, $n) = query_row($node, qq{
-WITH g AS (
-  SELECT at, extract(epoch FROM at) AS t,
-         count(*) OVER (ORDER BY at RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS n
-  FROM $from),
-d AS (
-  SELECT at, n - $rate * t AS hi, $rate * t - n AS lo1,
-         max($rate * t - n) OVER (ORDER BY t, n ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS lo
-  FROM g)
-SELECT coalesce(max(hi + lo), 0), coalesce($cross, 0), (SELECT count(*) FROM g) FROM d});
-	return ($excess, $cross_excess, $n);
-}
+# One take_script per bucket, written by script_opts for each pgbench run.
+my @defines = bucket_defines(\%bucket);
 
 sub scenario
 {
@@ -236,7 +146,7 @@ CREATE TABLE grants (
 	my @bench1 = (
 		'pgbench', '-n', '-M', 'prepared', '-c', $clients, '-j', $threads,
 		'-T', 600, '-h', $primary->host, '-p', $primary->port,
-		@defines, script_opts($primary->basedir, 'run1'), 'postgres');
+		@defines, script_opts($primary->basedir, 'run1', \%bucket), 'postgres');
 	my $t_load1 = Time::HiRes::time();
 	my $bench1 = IPC::Run::start(\@bench1, '<', \undef, '>', \$out1, '2>', \$err1,
 		IPC::Run::timer($PostgreSQL::Test::Utils::timeout_default));
@@ -255,7 +165,7 @@ CREATE TABLE grants (
 	Time::HiRes::sleep($lag);
 
 	my $t_kill = Time::HiRes::time();
-	my $nkids  = kill_server($primary);
+	my $nkids  = scalar @{ kill_server($primary)->{children} };
 	$bench1->finish;
 	isnt($? >> 8, 0, "$mode: pgbench on the primary was cut off by the kill");
 	cmp_ok($nkids, '>=', $clients, "$mode: the primary had its $clients backends when killed ($nkids children)");
@@ -287,7 +197,7 @@ FROM ratebucket.buckets b WHERE b.endpoint = '$b'});
 		[
 			'pgbench', '-n', '-M', 'prepared', '-c', $clients, '-j', $threads,
 			'-T', $after_promote, '-l', "--log-prefix=$log_prefix",
-			@defines, script_opts($standby->basedir, 'run2'), 'postgres'
+			@defines, script_opts($standby->basedir, 'run2', \%bucket), 'postgres'
 		],
 		0,
 		[
@@ -296,22 +206,9 @@ FROM ratebucket.buckets b WHERE b.endpoint = '$b'});
 		],
 		[qr{^$}],
 		"$mode: pgbench on the promoted standby: 8 clients, no failure");
-	my @per_script = (0) x @names;
-	my ($first, $last);
-	for my $log (glob("$log_prefix.*"))
-	{
-		open my $fh, '<', $log or die "cannot open $log: $!";
-		while (my $line = <$fh>)
-		{
-			my (undef, undef, $lat, $script, $sec, $usec) = split ' ', $line;
-			my $end = $sec + $usec / 1e6;
-			$per_script[$script]++;
-			$first = $end - $lat / 1e6 if !defined $first || $end - $lat / 1e6 < $first;
-			$last  = $end if !defined $last || $end > $last;
-		}
-		close $fh;
-	}
-	my $span2 = defined $last ? $last - $first : 1;
+	my $stats      = pgbench_log_stats($log_prefix, scalar @names);
+	my @per_script = @{ $stats->{per_script} };
+	my $span2 = defined $stats->{last_end} ? $stats->{last_end} - $stats->{first_start} : 1;
 
 	# ------------------------- the old primary, restarted standalone --
 	$primary->append_conf('postgresql.conf', "synchronous_standby_names = ''\n");

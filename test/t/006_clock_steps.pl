@@ -89,6 +89,9 @@ use Test::More;
 use IPC::Run ();
 use Time::HiRes ();
 
+use lib 'test/perl';
+use RatebucketTest;
+
 my $t_start = Time::HiRes::time();
 
 my $libfaketime = '/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1';
@@ -182,17 +185,11 @@ CREATE TABLE grants (
 );
 });
 
-sub query_row
-{
-	my ($sql) = @_;
-	return split /\|/, $node->safe_psql('postgres', $sql);
-}
-
 # A probe bucket, one session, rate 1/s, capacity 3: emptied in A.
 sub probe
 {
 	my ($tokens) = @_;
-	my ($allowed, $remaining, $wait) = query_row(
+	my ($allowed, $remaining, $wait) = query_row($node,
 		"SELECT allowed, remaining, wait_seconds FROM ratebucket.bucket_take('probe', 1, 3, $tokens)");
 	return ($allowed, $remaining, $wait);
 }
@@ -209,10 +206,7 @@ INSERT INTO grants(endpoint, remaining)
 SELECT :${b}_ep::text, remaining FROM ratebucket.bucket_take(:${b}_ep, :${b}_rate, :${b}_cap)
 WHERE allowed;
 });
-	push @defines, '-f', $file,
-	  "-D${b}_ep=$b",
-	  "-D${b}_rate=$bucket{$b}{rate}",
-	  "-D${b}_cap=$bucket{$b}{capacity}";
+	push @defines, '-f', $file, bucket_defines(\%bucket, $b);
 }
 my ($bench_out, $bench_err) = ('', '');
 my $bench_T = $phase_s * @phases + 1;
@@ -341,7 +335,7 @@ for my $b (@names)
 	cmp_ok($n{A}, '>', $cap, "$b: phase A: granted ($n{A})");
 
 	# --- B: nothing refilled ---
-	my ($r_last, $g_prev) = query_row(qq{
+	my ($r_last, $g_prev) = query_row($node, qq{
 SELECT remaining, extract(epoch FROM lag(at) OVER w)
 FROM gp WHERE endpoint = '$b' AND phase = 'A'
 WINDOW w AS (ORDER BY seq) ORDER BY seq DESC LIMIT 1});
@@ -373,7 +367,7 @@ WHERE prev IS NOT NULL AND abs(prev - 1 - remaining) > 1e-9}),
 	# --- C and D: forward steps refill at most to capacity ---
 	for my $p (qw(C D))
 	{
-		my ($first_n, $total) = query_row(qq{
+		my ($first_n, $total) = query_row($node, qq{
 SELECT count(*) FILTER (WHERE at <= f + interval '0.1 s'), count(*)
 FROM gp, (SELECT min(at) AS f FROM gp WHERE endpoint = '$b' AND phase = '$p') m
 WHERE endpoint = '$b' AND phase = '$p'});
@@ -385,16 +379,7 @@ WHERE endpoint = '$b' AND phase = '$p'});
 	}
 	for my $p (qw(A B C D))
 	{
-		my ($excess) = query_row(qq{
-WITH g AS (
-  SELECT extract(epoch FROM at) AS t,
-         count(*) OVER (ORDER BY at RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS n
-  FROM gp WHERE endpoint = '$b' AND phase = '$p'),
-d AS (
-  SELECT n - $rate * t AS hi,
-         max($rate * t - n) OVER (ORDER BY t, n ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS lo
-  FROM g)
-SELECT coalesce(max(hi + lo), 0) FROM d});
+		my ($excess) = window_excess($node, "gp WHERE endpoint = '$b' AND phase = '$p'", $rate);
 		ok($excess <= $cap + 1e-6,
 			sprintf('%s: phase %s: sliding window within the phase: max (j-i) - rate*(t_j-t_i) = %.3f <= capacity %g',
 				$b, $p, $excess, $cap));
@@ -402,7 +387,7 @@ SELECT coalesce(max(hi + lo), 0) FROM d});
 	}
 
 	# --- whole run, real time ---
-	my ($rows, $takes, $tokens, $created) = query_row(qq{
+	my ($rows, $takes, $tokens, $created) = query_row($node, qq{
 SELECT (SELECT count(*) FROM grants WHERE endpoint = '$b'), takes_granted, tokens_granted,
        extract(epoch FROM created_at)
 FROM ratebucket.buckets WHERE endpoint = '$b'});
