@@ -324,13 +324,21 @@ BEGIN
 		RAISE EXCEPTION 'idle must be a non-negative interval'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	-- A concurrent take holds the row lock; DELETE waits for it and then
-	-- re-checks these conditions against the row it left behind.
+	-- Lock the candidates in endpoint order, skipping rows another
+	-- transaction holds (a bucket being taken from is not idle): two
+	-- expiries, or an expiry and a claim taking several buckets in
+	-- endpoint order, never wait for each other in a cycle.  The locking
+	-- re-checks the conditions against the newest version of each row.
 	DELETE FROM ratebucket.buckets AS b
-	WHERE b.conf_rate IS NULL
-	  AND b.refilled_at OPERATOR(pg_catalog.<=)
-		  (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) idle)
-	  AND (ratebucket.bucket_now(b, pg_catalog.clock_timestamp())).expirable;
+	USING (SELECT c.ctid AS tid
+		   FROM ratebucket.buckets AS c
+		   WHERE c.conf_rate IS NULL
+			 AND c.refilled_at OPERATOR(pg_catalog.<=)
+				 (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) idle)
+			 AND (ratebucket.bucket_now(c, pg_catalog.clock_timestamp())).expirable
+		   ORDER BY c.endpoint
+		   FOR UPDATE SKIP LOCKED) AS v
+	WHERE b.ctid OPERATOR(pg_catalog.=) v.tid;
 	GET DIAGNOSTICS n = ROW_COUNT;
 	RETURN n;
 END;

@@ -18,6 +18,7 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
@@ -495,20 +496,28 @@ rb_storage_update(const RbBucket *bucket)
  *		row, insert *fresh instead and return false.
  *
  * If a concurrent transaction inserts the row first, our insert does nothing
- * and we lock theirs once it has committed.  Under REPEATABLE READ or
- * SERIALIZABLE that row stays invisible to us: a serialization failure, to
- * be retried like any other.
+ * and we lock theirs once it has committed.  Under READ COMMITTED that row
+ * may be gone again by then (bucket_expire deleted it): try again, as long
+ * as others keep committing.  Under REPEATABLE READ or SERIALIZABLE a row
+ * inserted by another transaction stays invisible to us: a serialization
+ * failure, to be retried like any other.
  */
 bool
 rb_storage_lock_or_insert(text *endpoint, RbBucket *bucket,
 						  const RbBucket *fresh)
 {
-	if (rb_storage_lock(endpoint, bucket))
-		return true;
-	if (rb_storage_insert(endpoint, fresh))
-		return false;
-	if (rb_storage_lock(endpoint, bucket))
-		return true;
+	int			attempt;
+
+	for (attempt = 0; attempt < 1000; attempt++)
+	{
+		if (rb_storage_lock(endpoint, bucket))
+			return true;
+		if (rb_storage_insert(endpoint, fresh))
+			return false;
+		if (IsolationUsesXactSnapshot())
+			break;
+		CHECK_FOR_INTERRUPTS();
+	}
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 			 errmsg("could not serialize access due to concurrent creation of bucket \"%s\"",
