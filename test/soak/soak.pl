@@ -615,19 +615,22 @@ my $max_size = 0;
 $max_size = $_->{size} > $max_size ? $_->{size} : $max_size for @samples;
 cmp_ok($max_size, '<=', $max_table_kb * 1024,
 	sprintf('table size stayed under %d kB (largest sample %d kB)', $max_table_kb, $max_size / 1024));
-# Through the second half of the run: no sustained growth.  The table may
-# grow by a page or two when a burst of updates meets pages not yet pruned,
-# but it must not keep growing: the size at the end of the run is at most
-# 32 kB (4 pages) above the size at half time, and it did not grow between
-# every two samples.
+# Through the second half of the run: no sustained growth.  Autovacuum
+# frees space only every naptime, and the mix's own transactions (several
+# seconds long) hold back pruning, so the size moves in steps before it
+# levels off: the largest sample of the second half must stay within 25 %
+# (and 64 kB) of the largest of the first half, and the table must not have
+# grown between every two samples.
+my @first_half = grep { $_->{t} < $seconds / 2 } @during;
 my @second = grep { $_->{t} >= $seconds / 2 } @during;
-if (@second >= 2)
+if (@second >= 2 && @first_half)
 {
-	my ($first, $last) = ($second[0], $second[-1]);
-	cmp_ok($last->{size} - $first->{size}, '<=', 32 * 1024,
-		sprintf('second half of the run: the table grew by %d kB (from %d kB at %.0f s to %d kB at %.0f s), at most 32 kB',
-			($last->{size} - $first->{size}) / 1024, $first->{size} / 1024, $first->{t},
-			$last->{size} / 1024, $last->{t}));
+	my ($max1, $max2) = (0, 0);
+	$max1 = $_->{size} > $max1 ? $_->{size} : $max1 for @first_half;
+	$max2 = $_->{size} > $max2 ? $_->{size} : $max2 for @second;
+	cmp_ok($max2, '<=', $max1 * 1.25 + 64 * 1024,
+		sprintf('second half of the run: the table peaked at %d kB, first half at %d kB (at most 25 %% + 64 kB more)',
+			$max2 / 1024, $max1 / 1024));
 	my $rising = 1;
 	for my $i (1 .. $#second)
 	{
