@@ -19,7 +19,7 @@
 # The test then asserts: no BAD; every error is class 22 (data exception),
 # or 42704 for the configured take of an endpoint that is not configured;
 # the backend never crashed (same postmaster, no "terminated by signal" in
-# the log); and every row is sound afterwards: CHECK constraints hold,
+# the log); and every row is sound afterwards: the row invariants hold,
 # every number and timestamp is finite, bucket_status can be read and is
 # sane, and amcheck's verify_heapam finds nothing in ratebucket.buckets.
 #
@@ -612,7 +612,7 @@ WHERE NOT (
 	AND successes >= 0 AND failures >= 0 AND throttles >= 0 AND cooldowns >= 0
 	AND breaker_opens >= 0 AND malformed_headers >= 0
 	AND (last_status IS NULL OR last_status = 0 OR last_status BETWEEN 100 AND 999))});
-is($insane, '', 'every bucket row is sound (constraints, finite numbers and times)');
+is($insane, '', 'every bucket row is sound (invariants, finite numbers and times)');
 
 my $status_bad = $node->safe_psql('postgres', q{
 SELECT string_agg(endpoint, ', ') FROM ratebucket.bucket_status
