@@ -136,9 +136,7 @@ ratebucket_observe(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("headers must be a JSON object")));
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
-	tupdesc = BlessTupleDesc(tupdesc);
+	tupdesc = rb_result_tupdesc(fcinfo);
 
 	rb_storage_begin(&session);
 	found = rb_storage_lock(endpoint, &bucket);

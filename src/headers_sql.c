@@ -31,6 +31,7 @@
 #include "utils/timestamp.h"
 
 #include "headers_sql.h"
+#include "ratebucket.h"
 
 /* The fields looked for, by their lower-case names. */
 typedef enum RbHeaderField
@@ -418,11 +419,7 @@ ratebucket_parse_rate_limit(PG_FUNCTION_ARGS)
 	RbRetryAfterKind ra_kind = RB_RA_ABSENT;
 	double		ra_value = 0.0;
 
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("function returning record called in context that cannot accept type record")));
-	tupdesc = BlessTupleDesc(tupdesc);
+	tupdesc = rb_result_tupdesc(fcinfo);
 
 	memset(&rl, 0, sizeof(rl));
 	if (!PG_ARGISNULL(0))

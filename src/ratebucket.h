@@ -8,7 +8,13 @@
 #ifndef RATEBUCKET_H
 #define RATEBUCKET_H
 
+#include "fmgr.h"
+#include "access/tupdesc.h"
+
 #include "storage.h"
+
+/* ratebucket.c */
+extern TupleDesc rb_result_tupdesc(FunctionCallInfo fcinfo);
 
 /* feedback.c */
 extern void rb_bucket_policy(const RbBucket *bucket, double ceiling,

@@ -77,9 +77,7 @@ ratebucket_bucket_now(PG_FUNCTION_ARGS)
 		PG_RETURN_NULL();
 	at = PG_ARGISNULL(1) ? GetCurrentTimestamp() : PG_GETARG_TIMESTAMPTZ(1);
 	rb_storage_from_row(PG_GETARG_HEAPTUPLEHEADER(0), &bucket);
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
-	tupdesc = BlessTupleDesc(tupdesc);
+	tupdesc = rb_result_tupdesc(fcinfo);
 
 	ceiling = rb_bucket_ceiling(&bucket);
 	capacity = rb_is_configured(&bucket) ? bucket.conf_capacity : bucket.capacity;

@@ -229,26 +229,14 @@ rb_take_with_limits(text *endpoint, bool use_config,
 
 /*
  * rb_take_result_datum
- *		Build the (allowed, remaining, wait_seconds) record.  The tuple
- *		descriptor is built once per call site and kept in fn_extra.
+ *		Build the (allowed, remaining, wait_seconds) record.
  */
 static Datum
 rb_take_result_datum(FunctionCallInfo fcinfo, const RbTakeResult *result)
 {
-	TupleDesc	tupdesc = (TupleDesc) fcinfo->flinfo->fn_extra;
+	TupleDesc	tupdesc = rb_result_tupdesc(fcinfo);
 	Datum		values[3];
 	bool		nulls[3] = {false, false, false};
-
-	if (tupdesc == NULL)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-
-		if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-			elog(ERROR, "return type must be a row type");
-		tupdesc = BlessTupleDesc(tupdesc);
-		fcinfo->flinfo->fn_extra = tupdesc;
-		MemoryContextSwitchTo(oldcxt);
-	}
 
 	values[0] = BoolGetDatum(result->allowed);
 	values[1] = Float8GetDatum(result->remaining);
