@@ -7,6 +7,7 @@ OBJS = \
 	src/adapt.o \
 	src/admin.o \
 	src/arith.o \
+	src/claim.o \
 	src/feedback.o \
 	src/guc.o \
 	src/headers.o \
@@ -20,7 +21,7 @@ OBJS = \
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 # pg_regress: inputs in sql/, outputs in expected/.
-REGRESS = setup take configure admin feedback headers errors privileges
+REGRESS = setup take claim configure admin feedback headers errors privileges
 REGRESS_OPTS = --inputdir=.
 
 # Isolation specs: test/specs/*.spec, outputs in test/expected/.

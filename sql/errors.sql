@@ -68,6 +68,26 @@ WITH cases(stmt) AS (VALUES
 	($$SELECT ratebucket.bucket_take('e:conf', 6)$$),
 	($$SELECT ratebucket.bucket_take('e:new')$$),
 	($$SELECT ratebucket.bucket_take('e:known')$$),
+	-- bucket_take_upto
+	($$SELECT ratebucket.bucket_take_upto(NULL, 1, 1, 1)$$),
+	($$SELECT ratebucket.bucket_take_upto('e:new', 0, 1, 1)$$),
+	($$SELECT ratebucket.bucket_take_upto('e:new', 1, 'NaN', 1)$$),
+	($$SELECT ratebucket.bucket_take_upto('e:new', 1, 0.5, 1)$$),
+	($$SELECT ratebucket.bucket_take_upto('e:new', 1, 1, NULL)$$),
+	($$SELECT ratebucket.bucket_take_upto('e:new', 1, 1, 0)$$),
+	($$SELECT ratebucket.bucket_take_upto('e:new', 1, 1, -5)$$),
+	($$SELECT ratebucket.bucket_take_upto('e:new', 5)$$),
+	($$SELECT ratebucket.bucket_take_upto('e:conf', 0)$$),
+	($$SELECT ratebucket.bucket_take_upto(repeat('x', 1025), 1)$$),
+	-- bucket_claimable
+	($$SELECT ratebucket.bucket_claimable(NULL, 1)$$),
+	($$SELECT ratebucket.bucket_claimable('', 1)$$),
+	($$SELECT ratebucket.bucket_claimable('e:known', NULL)$$),
+	($$SELECT ratebucket.bucket_claimable('e:known', 0)$$),
+	-- bucket_wait
+	($$SELECT ratebucket.bucket_wait(NULL)$$),
+	($$SELECT ratebucket.bucket_wait('e:known', 'NaN')$$),
+	($$SELECT ratebucket.bucket_wait('e:known', 0)$$),
 	-- bucket_ready
 	($$SELECT ratebucket.bucket_ready(NULL)$$),
 	($$SELECT ratebucket.bucket_ready('')$$),

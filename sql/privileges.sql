@@ -5,7 +5,7 @@
 -- Start from an empty table (earlier tests leave buckets behind).
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
-SELECT ratebucket.bucket_configure('p:conf', 0.000001, 5);
+SELECT ratebucket.bucket_configure('p:conf', 0.000001, 7);
 
 CREATE ROLE regress_rb_nobody;
 CREATE ROLE regress_rb_worker;
@@ -16,7 +16,11 @@ GRANT USAGE ON SCHEMA ratebucket TO regress_rb_worker, regress_rb_admin;
 GRANT EXECUTE ON FUNCTION
 	ratebucket.bucket_take(text, float8, float8, float8),
 	ratebucket.bucket_take(text, float8),
+	ratebucket.bucket_take_upto(text, float8, float8, int),
+	ratebucket.bucket_take_upto(text, int),
 	ratebucket.bucket_ready(text, float8),
+	ratebucket.bucket_wait(text, float8),
+	ratebucket.bucket_claimable(text, int),
 	ratebucket.bucket_observe(text, int, text, jsonb)
 	TO regress_rb_worker;
 GRANT SELECT ON ratebucket.bucket_status TO regress_rb_worker;
@@ -40,6 +44,10 @@ INSERT INTO calls(stmt) VALUES
 	($$SELECT ratebucket.bucket_take('p:x', 10, 10)$$),
 	($$SELECT ratebucket.bucket_take('p:conf')$$),
 	($$SELECT ratebucket.bucket_ready('p:x')$$),
+	($$SELECT ratebucket.bucket_take_upto('p:x', 10, 10, 3)$$),
+	($$SELECT ratebucket.bucket_take_upto('p:conf', 1)$$),
+	($$SELECT ratebucket.bucket_wait('p:x')$$),
+	($$SELECT ratebucket.bucket_claimable('p:x', 5)$$),
 	($$SELECT ratebucket.bucket_observe('p:x', 200)$$),
 	($$SELECT ratebucket.bucket_configure('p:x', 1, 1)$$),
 	($$SELECT ratebucket.bucket_pause('p:x', '1 minute')$$),

@@ -410,6 +410,78 @@ rb_decide_take(RbState *state, RbAdapt *adapt, const RbPolicy *policy,
 }
 
 /*
+ * rb_decide_take_upto
+ *		rb_decide_take for as many whole tokens as the bucket grants now, up
+ *		to max_want: at most one while a half-open breaker waits for its
+ *		probe.  Sets *granted (0 for a refusal).  When fewer than max_want
+ *		were granted, wait_seconds is the time until the next one could be
+ *		(what a take of one would be told next); otherwise 0.
+ *
+ * The count comes from a dry run on copies; the take itself is then one
+ * rb_decide_take, so it writes and banks exactly as a take of that many
+ * tokens would.
+ */
+RbTakeResult
+rb_decide_take_upto(RbState *state, RbAdapt *adapt, const RbPolicy *policy,
+					double stored_rate, double stored_capacity,
+					double rate, double capacity, int64_t max_want,
+					int64_t now, bool *write, int64_t *granted)
+{
+	RbState		trial_state = *state;
+	RbAdapt		trial_adapt = *adapt;
+	RbTakeResult result;
+	int64_t		until;
+	int64_t		n;
+	bool		trial_write;
+
+	*granted = 0;
+
+	/* a take of one: if even that is refused, so is this take */
+	result = rb_decide_take(&trial_state, &trial_adapt, policy,
+							stored_rate, stored_capacity, rate, capacity,
+							1.0, now, &trial_write);
+	if (!result.allowed || max_want <= 1 ||
+		rb_gate(adapt, policy, now, &until) == RB_GATE_PROBE)
+		n = 1;
+	else if (result.remaining >= (double) (max_want - 1))
+		n = max_want;
+	else
+		n = 1 + (int64_t) floor(result.remaining);
+
+	/*
+	 * The take itself.  Should rounding refuse a count the dry run allowed,
+	 * try one fewer: a refusal changes nothing that matters here (at most
+	 * the banking of changed limits, which is idempotent at one clock).
+	 */
+	for (;;)
+	{
+		result = rb_decide_take(state, adapt, policy,
+								stored_rate, stored_capacity, rate, capacity,
+								(double) n, now, write);
+		if (result.allowed || n == 1)
+			break;
+		n--;
+	}
+	if (!result.allowed)
+		return result;
+	*granted = n;
+
+	if (n < max_want)
+	{
+		/* the next token: ask a take of one from the state just left */
+		RbTakeResult next;
+
+		trial_state = *state;
+		trial_adapt = *adapt;
+		next = rb_decide_take(&trial_state, &trial_adapt, policy,
+							  rate, capacity, rate, capacity,
+							  1.0, now, &trial_write);
+		result.wait_seconds = next.allowed ? 0.0 : next.wait_seconds;
+	}
+	return result;
+}
+
+/*
  * rb_adapt_is_idle
  *		Does the state say nothing a fresh bucket would not?  (For expiry.)
  */

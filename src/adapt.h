@@ -102,6 +102,13 @@ extern RbTakeResult rb_decide_take(RbState *state, RbAdapt *adapt,
 								   double stored_rate, double stored_capacity,
 								   double rate, double capacity, double want,
 								   int64_t now, bool *write);
+extern RbTakeResult rb_decide_take_upto(RbState *state, RbAdapt *adapt,
+										const RbPolicy *policy,
+										double stored_rate,
+										double stored_capacity,
+										double rate, double capacity,
+										int64_t max_want, int64_t now,
+										bool *write, int64_t *granted);
 extern bool rb_adapt_is_idle(const RbAdapt *adapt, const RbPolicy *policy,
 							 int64_t now);
 

@@ -24,5 +24,6 @@ extern double rb_bucket_ceiling(const RbBucket *bucket);
 /* take.c */
 extern void rb_new_bucket(RbBucket *bucket, double rate, double capacity,
 						  TimestampTz now);
+extern int64 rb_peek_grantable(text *endpoint, int64 upto);
 
 #endif							/* RATEBUCKET_H */

@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * take.c
- *	  SQL-callable takes and peeks: bucket_take (both forms), bucket_ready.
+ *	  SQL-callable takes and peeks: bucket_take and bucket_take_upto (both
+ *	  forms of each), and the peeks bucket_ready and bucket_wait.
  *
  * A take locks the endpoint's row, then reads the clock, refills, takes if
  * it can, and writes the row back, all before the caller's transaction ends:
@@ -30,7 +31,10 @@
 
 PG_FUNCTION_INFO_V1(ratebucket_take);
 PG_FUNCTION_INFO_V1(ratebucket_take_configured);
+PG_FUNCTION_INFO_V1(ratebucket_take_upto);
+PG_FUNCTION_INFO_V1(ratebucket_take_upto_configured);
 PG_FUNCTION_INFO_V1(ratebucket_ready);
+PG_FUNCTION_INFO_V1(ratebucket_wait);
 
 /* Record a grant of "want" tokens at "now" in the row's counters. */
 static void
@@ -82,19 +86,37 @@ rb_not_configured(text *endpoint)
 /*
  * rb_decide
  *		Decide a take from a bucket row at "now" with the take's limits
- *		(rb_decide_take, with the policy in force).  Sets *write when the row
- *		must be written back; the caller does that, with the new limits.
+ *		(rb_decide_take, with the policy in force): of "want" tokens, or with
+ *		upto > 0 of as many whole tokens as it can grant up to that many
+ *		(rb_decide_take_upto).  Sets *granted to the tokens granted and
+ *		*write when the row must be written back; the caller does that, with
+ *		the new limits.
  */
 static RbTakeResult
 rb_decide(RbBucket *bucket, double rate, double capacity, double want,
-		  TimestampTz now, bool *write)
+		  int64 upto, TimestampTz now, bool *write, double *granted)
 {
 	RbPolicy	policy;
+	RbTakeResult result;
 
 	rb_bucket_policy(bucket, rate, &policy);
-	return rb_decide_take(&bucket->state, &bucket->adapt, &policy,
-						  bucket->rate, bucket->capacity,
-						  rate, capacity, want, now, write);
+	if (upto > 0)
+	{
+		int64		n;
+
+		result = rb_decide_take_upto(&bucket->state, &bucket->adapt, &policy,
+									 bucket->rate, bucket->capacity,
+									 rate, capacity, upto, now, write, &n);
+		*granted = (double) n;
+	}
+	else
+	{
+		result = rb_decide_take(&bucket->state, &bucket->adapt, &policy,
+								bucket->rate, bucket->capacity,
+								rate, capacity, want, now, write);
+		*granted = result.allowed ? want : 0.0;
+	}
+	return result;
 }
 
 /*
@@ -124,6 +146,41 @@ rb_limits_for(const RbBucket *bucket, bool use_config,
 }
 
 /*
+ * RbTakeRequest
+ *		What a take asks for: the limits (use_config: those stored by
+ *		bucket_configure; otherwise rate and capacity, capped by them), and
+ *		either "want" tokens or, with upto > 0, as many whole tokens as the
+ *		bucket grants up to that many.
+ */
+typedef struct RbTakeRequest
+{
+	bool		use_config;
+	double		rate;
+	double		capacity;
+	double		want;
+	int64		upto;
+} RbTakeRequest;
+
+/*
+ * rb_decide_request
+ *		rb_decide with the request's limits resolved against the row (false,
+ *		deciding nothing, if a configured take meets no configuration).
+ */
+static bool
+rb_decide_request(RbBucket *bucket, const RbTakeRequest *req, TimestampTz now,
+				  RbTakeResult *result, bool *write, double *granted,
+				  double *rate, double *capacity)
+{
+	*rate = req->rate;
+	*capacity = req->capacity;
+	if (!rb_limits_for(bucket, req->use_config, rate, capacity))
+		return false;
+	*result = rb_decide(bucket, *rate, *capacity, req->want, req->upto, now,
+						write, granted);
+	return true;
+}
+
+/*
  * rb_peek_refuses
  *		Does the bucket's last committed state already refuse the take?
  *
@@ -135,24 +192,37 @@ rb_limits_for(const RbBucket *bucket, bool use_config,
  * decided under the lock, after waiting.
  */
 static bool
-rb_peek_refuses(RbBucket *peeked, bool use_config, double rate,
-				double capacity, double want, RbTakeResult *result)
+rb_peek_refuses(RbBucket *peeked, const RbTakeRequest *req,
+				RbTakeResult *result)
 {
 	bool		write;
+	double		granted;
+	double		rate;
+	double		capacity;
 
-	if (!rb_limits_for(peeked, use_config, &rate, &capacity) ||
-		want > capacity)
+	if (!rb_decide_request(peeked, req, GetCurrentTimestamp(), result, &write,
+						   &granted, &rate, &capacity))
 		return false;
-	*result = rb_decide(peeked, rate, capacity, want, GetCurrentTimestamp(),
-						&write);
+	if (req->upto > 0 ? capacity < 1.0 : req->want > capacity)
+		return false;			/* an error, raised under the lock */
 	return !result->allowed;
 }
 
+/* A take must fit the capacity: "want", or one whole token for an upto. */
+static void
+rb_check_request_fits(const RbTakeRequest *req, double capacity)
+{
+	if (req->upto > 0 && capacity < 1.0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("capacity (%g) is less than one token", capacity),
+				 errdetail("bucket_take_upto grants whole tokens only.")));
+	rb_check_tokens_fit(req->want, capacity);
+}
+
 /*
- * rb_take_with_limits
- *		The take itself.  With use_config, the limits are those stored by
- *		bucket_configure and rate/capacity are ignored; without, they are
- *		the call's, capped by a configuration (see rb_limits_for).
+ * rb_take_request
+ *		The take itself.  Sets *granted to the tokens granted (0 if refused).
  *
  * The usual path is one statement: lock the row (skipping it if another
  * transaction holds it), read the clock, decide, write.  If the row is held,
@@ -160,14 +230,15 @@ rb_peek_refuses(RbBucket *peeked, bool use_config, double rate,
  * waits for the holder.  A missing row is created full, unless use_config.
  */
 static RbTakeResult
-rb_take_with_limits(text *endpoint, bool use_config,
-					double rate, double capacity, double want)
+rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 {
 	RbStorageSession session;
 	RbBucket	bucket;
 	RbTakeResult result;
 	TimestampTz now;
 	bool		write;
+	double		rate;
+	double		capacity;
 
 	rb_storage_begin(&session);
 
@@ -176,14 +247,14 @@ rb_take_with_limits(text *endpoint, bool use_config,
 		RbBucket	peeked;
 		bool		exists = rb_storage_peek(endpoint, &peeked);
 
-		if (exists &&
-			rb_peek_refuses(&peeked, use_config, rate, capacity, want, &result))
+		if (exists && rb_peek_refuses(&peeked, req, &result))
 		{
 			rb_storage_end(&session);
+			*granted = 0.0;
 			return result;
 		}
 
-		if (use_config)
+		if (req->use_config)
 		{
 			if (!exists || !rb_storage_lock(endpoint, &bucket))
 				rb_not_configured(endpoint);
@@ -194,10 +265,11 @@ rb_take_with_limits(text *endpoint, bool use_config,
 
 			/* this clock is used only if the row is new: no lock to wait on */
 			now = GetCurrentTimestamp();
-			rb_new_bucket(&fresh, rate, capacity, now);
-			result = rb_take(&fresh.state, rate, capacity, want, now);
+			rb_new_bucket(&fresh, req->rate, req->capacity, now);
+			result = rb_decide(&fresh, req->rate, req->capacity, req->want,
+							   req->upto, now, &write, granted);
 			Assert(result.allowed);
-			rb_count_grant(&fresh, want, now);
+			rb_count_grant(&fresh, *granted, now);
 			if (!rb_storage_lock_or_insert(endpoint, &bucket, &fresh))
 			{
 				rb_storage_end(&session);
@@ -209,22 +281,56 @@ rb_take_with_limits(text *endpoint, bool use_config,
 	/* We hold the row lock: only now read the clock. */
 	now = GetCurrentTimestamp();
 
-	if (!rb_limits_for(&bucket, use_config, &rate, &capacity))
+	rate = req->rate;
+	capacity = req->capacity;
+	if (!rb_limits_for(&bucket, req->use_config, &rate, &capacity))
 		rb_not_configured(endpoint);
-	rb_check_tokens_fit(want, capacity);
+	rb_check_request_fits(req, capacity);
 
-	result = rb_decide(&bucket, rate, capacity, want, now, &write);
+	result = rb_decide(&bucket, rate, capacity, req->want, req->upto, now,
+					   &write, granted);
 	if (write)
 	{
 		bucket.rate = rate;
 		bucket.capacity = capacity;
 		if (result.allowed)
-			rb_count_grant(&bucket, want, now);
+			rb_count_grant(&bucket, *granted, now);
 		rb_storage_update(&bucket);
 	}
 
 	rb_storage_end(&session);
 	return result;
+}
+
+/*
+ * rb_peek_grantable
+ *		How many whole tokens, up to "upto", would a take of the endpoint be
+ *		granted now?  Judged like bucket_ready, from the last committed row
+ *		with the limits it stores, without locking; an unknown endpoint's
+ *		bucket would start full, so it grants "upto".
+ */
+int64
+rb_peek_grantable(text *endpoint, int64 upto)
+{
+	RbStorageSession session;
+	RbBucket	bucket;
+	bool		found;
+	bool		write;
+	double		granted;
+	bool		configured;
+
+	rb_storage_begin(&session);
+	found = rb_storage_peek(endpoint, &bucket);
+	rb_storage_end(&session);
+
+	if (!found)
+		return upto;
+	configured = rb_is_configured(&bucket);
+	(void) rb_decide(&bucket,
+					 configured ? bucket.conf_rate : bucket.rate,
+					 configured ? bucket.conf_capacity : bucket.capacity,
+					 1.0, upto, GetCurrentTimestamp(), &write, &granted);
+	return (int64) granted;
 }
 
 /*
@@ -245,20 +351,40 @@ rb_take_result_datum(FunctionCallInfo fcinfo, const RbTakeResult *result)
 }
 
 /*
+ * rb_upto_result_datum
+ *		Build the (granted, remaining, wait_seconds) record.
+ */
+static Datum
+rb_upto_result_datum(FunctionCallInfo fcinfo, const RbTakeResult *result,
+					 double granted)
+{
+	TupleDesc	tupdesc = rb_result_tupdesc(fcinfo);
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+
+	values[0] = Int32GetDatum((int32) granted);
+	values[1] = Float8GetDatum(result->remaining);
+	values[2] = Float8GetDatum(result->wait_seconds);
+	return HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls));
+}
+
+/*
  * bucket_take(endpoint text, rate float8, capacity float8, tokens float8)
  *		Take with the limits given: they can change from one call to the next.
  */
 Datum
 ratebucket_take(PG_FUNCTION_ARGS)
 {
+	RbTakeRequest req = {false, 0.0, 0.0, 0.0, 0};
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
-	double		rate = rb_arg_rate(fcinfo, 1);
-	double		capacity = rb_arg_capacity(fcinfo, 2);
-	double		want = rb_arg_tokens(fcinfo, 3);
 	RbTakeResult result;
+	double		granted;
 
-	rb_check_tokens_fit(want, capacity);
-	result = rb_take_with_limits(endpoint, false, rate, capacity, want);
+	req.rate = rb_arg_rate(fcinfo, 1);
+	req.capacity = rb_arg_capacity(fcinfo, 2);
+	req.want = rb_arg_tokens(fcinfo, 3);
+	rb_check_request_fits(&req, req.capacity);
+	result = rb_take_request(endpoint, &req, &granted);
 	PG_RETURN_DATUM(rb_take_result_datum(fcinfo, &result));
 }
 
@@ -269,32 +395,69 @@ ratebucket_take(PG_FUNCTION_ARGS)
 Datum
 ratebucket_take_configured(PG_FUNCTION_ARGS)
 {
+	RbTakeRequest req = {true, 0.0, 0.0, 0.0, 0};
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
-	double		want = rb_arg_tokens(fcinfo, 1);
 	RbTakeResult result;
+	double		granted;
 
-	result = rb_take_with_limits(endpoint, true, 0.0, 0.0, want);
+	req.want = rb_arg_tokens(fcinfo, 1);
+	result = rb_take_request(endpoint, &req, &granted);
 	PG_RETURN_DATUM(rb_take_result_datum(fcinfo, &result));
 }
 
 /*
- * bucket_ready(endpoint text, tokens float8) returns boolean
- *		Would a take of "tokens" be granted now?  Judged from the last
- *		committed row with the limits it stores (its configuration, if it has
- *		one), including a cooldown, a pause or an open breaker, without
- *		locking: a peek for
- *		a claim's WHERE clause, which the take itself then confirms.  An
- *		unknown endpoint is ready, since its bucket would start full.
+ * bucket_take_upto(endpoint text, rate float8, capacity float8,
+ *					max_tokens int)
+ *		Take as many whole tokens as the bucket holds, up to max_tokens, in
+ *		one row update: a claim's batch for one endpoint.
  */
 Datum
-ratebucket_ready(PG_FUNCTION_ARGS)
+ratebucket_take_upto(PG_FUNCTION_ARGS)
 {
+	RbTakeRequest req = {false, 0.0, 0.0, 0.0, 0};
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
-	double		want = rb_arg_tokens(fcinfo, 1);
+	RbTakeResult result;
+	double		granted;
+
+	req.rate = rb_arg_rate(fcinfo, 1);
+	req.capacity = rb_arg_capacity(fcinfo, 2);
+	req.upto = rb_arg_count(fcinfo, 3, "max_tokens");
+	rb_check_request_fits(&req, req.capacity);
+	result = rb_take_request(endpoint, &req, &granted);
+	PG_RETURN_DATUM(rb_upto_result_datum(fcinfo, &result, granted));
+}
+
+/*
+ * bucket_take_upto(endpoint text, max_tokens int)
+ *		The same with the limits stored by bucket_configure.
+ */
+Datum
+ratebucket_take_upto_configured(PG_FUNCTION_ARGS)
+{
+	RbTakeRequest req = {true, 0.0, 0.0, 0.0, 0};
+	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
+	RbTakeResult result;
+	double		granted;
+
+	req.upto = rb_arg_count(fcinfo, 1, "max_tokens");
+	result = rb_take_request(endpoint, &req, &granted);
+	PG_RETURN_DATUM(rb_upto_result_datum(fcinfo, &result, granted));
+}
+
+/*
+ * rb_peek_take
+ *		What a take of "want" would be told now, judged from the last
+ *		committed row with the limits it stores (its configuration, if it has
+ *		one), including a cooldown, a pause or an open breaker, without
+ *		locking.  An unknown endpoint's bucket would start full: granted.
+ */
+static RbTakeResult
+rb_peek_take(text *endpoint, double want)
+{
 	RbStorageSession session;
 	RbBucket	bucket;
 	bool		found;
-	bool		ready = true;
+	RbTakeResult result = {true, 0.0, 0.0};
 
 	rb_storage_begin(&session);
 	found = rb_storage_peek(endpoint, &bucket);
@@ -303,15 +466,42 @@ ratebucket_ready(PG_FUNCTION_ARGS)
 	if (found)
 	{
 		bool		configured = rb_is_configured(&bucket);
-		RbTakeResult result;
-
 		bool		write;
+		double		granted;
 
 		result = rb_decide(&bucket,
 						   configured ? bucket.conf_rate : bucket.rate,
 						   configured ? bucket.conf_capacity : bucket.capacity,
-						   want, GetCurrentTimestamp(), &write);
-		ready = result.allowed;
+						   want, 0, GetCurrentTimestamp(), &write, &granted);
 	}
-	PG_RETURN_BOOL(ready);
+	return result;
+}
+
+/*
+ * bucket_ready(endpoint text, tokens float8) returns boolean
+ *		Would a take of "tokens" be granted now?  A peek (rb_peek_take) for a
+ *		claim's WHERE clause, which the take itself then confirms.
+ */
+Datum
+ratebucket_ready(PG_FUNCTION_ARGS)
+{
+	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
+	double		want = rb_arg_tokens(fcinfo, 1);
+
+	PG_RETURN_BOOL(rb_peek_take(endpoint, want).allowed);
+}
+
+/*
+ * bucket_wait(endpoint text, tokens float8) returns float8
+ *		Seconds until a take of "tokens" would be granted (0: now), by the
+ *		same peek: for a worker deciding how long it may sleep.
+ */
+Datum
+ratebucket_wait(PG_FUNCTION_ARGS)
+{
+	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
+	double		want = rb_arg_tokens(fcinfo, 1);
+	RbTakeResult result = rb_peek_take(endpoint, want);
+
+	PG_RETURN_FLOAT8(result.allowed ? 0.0 : result.wait_seconds);
 }

@@ -118,6 +118,26 @@ rb_arg_tokens(FunctionCallInfo fcinfo, int argno)
 }
 
 /*
+ * rb_arg_count
+ *		An int argument counting whole things (tokens, events): at least 1.
+ */
+int32
+rb_arg_count(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	int32		v;
+
+	if (PG_ARGISNULL(argno))
+		rb_null_arg(what);
+	v = PG_GETARG_INT32(argno);
+	if (v < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be at least 1", what),
+				 errdetail("The value given was %d.", v)));
+	return v;
+}
+
+/*
  * rb_check_tokens_fit
  *		A take larger than the capacity could never be granted: say so
  *		rather than deny it forever.

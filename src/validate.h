@@ -23,6 +23,7 @@ extern text *rb_arg_endpoint(FunctionCallInfo fcinfo, int argno);
 extern double rb_arg_rate(FunctionCallInfo fcinfo, int argno);
 extern double rb_arg_capacity(FunctionCallInfo fcinfo, int argno);
 extern double rb_arg_tokens(FunctionCallInfo fcinfo, int argno);
+extern int32 rb_arg_count(FunctionCallInfo fcinfo, int argno, const char *what);
 extern void rb_check_tokens_fit(double tokens, double capacity);
 extern double rb_arg_optional(FunctionCallInfo fcinfo, int argno,
 							  const char *what, double lo, bool lo_inclusive,

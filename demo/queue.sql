@@ -1,0 +1,251 @@
+-- demo/queue.sql: a delivery queue and its rate-limited claim, on ratebucket.
+--
+-- This is the recipe the README describes, as code you can copy: the demo,
+-- the reference dispatcher (demo/dispatcher.c), the tests and the benchmark
+-- all load this file.  It creates, in the current schema:
+--
+--   webhook_events          the queue: one row per event to deliver
+--   claim_events(...)       claim a batch: only events whose endpoint has a
+--                           token, tokens spent only on events locked here
+--   record_delivery(...)    the outcome of one request: the event's status,
+--                           its next attempt, and bucket_observe
+--   next_due()              seconds until a claim could find something
+--   requeue_expired()       give back the events of workers that died
+--   events_left()           events pending or in flight
+--
+-- Needs the ratebucket extension, and each endpoint configured with
+-- ratebucket.bucket_configure before its events are claimed.  Here the
+-- endpoint is the destination's URL; key it however your buckets are keyed.
+--
+-- The life of an event:
+--
+--   pending --claim--> sending --2xx--> delivered
+--      ^                  |
+--      +---- retry -------+---- permanent failure, or too many attempts --> failed
+--
+-- "attempts" counts requests that actually left.  A claim refused a token
+-- does not touch it; a request that never connected does not count.
+
+CREATE TABLE webhook_events (
+    id              bigserial PRIMARY KEY,
+    endpoint        text NOT NULL,
+    priority        int NOT NULL DEFAULT 0,
+    status          text NOT NULL DEFAULT 'pending'
+                    CHECK (status IN ('pending', 'sending', 'delivered', 'failed')),
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    attempts        int NOT NULL DEFAULT 0,
+    lease_until     timestamptz,        -- while sending: when the claim expires
+    last_status     int,                -- the last HTTP status (NULL: no response)
+    delivered_at    timestamptz,
+    payload         jsonb NOT NULL DEFAULT '{}'
+);
+
+-- The queue order, to find the best due events.  Partial: only pending
+-- events, so the index stays as small as the backlog.
+CREATE INDEX webhook_events_queue
+    ON webhook_events (priority DESC, next_attempt_at) WHERE status = 'pending';
+-- One endpoint's due events in the same order, for the per-endpoint lock.
+CREATE INDEX webhook_events_endpoint
+    ON webhook_events (endpoint, priority DESC, next_attempt_at) WHERE status = 'pending';
+-- Leases to reclaim.
+CREATE INDEX webhook_events_leases
+    ON webhook_events (lease_until) WHERE status = 'sending';
+
+-- Sleeping workers wake up when events arrive (LISTEN webhook_events).
+CREATE FUNCTION webhook_events_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NOTIFY webhook_events;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER webhook_events_notify
+    AFTER INSERT ON webhook_events
+    FOR EACH STATEMENT EXECUTE FUNCTION webhook_events_notify();
+
+-- claim_events: claim up to max_endpoints x per_endpoint events, in one short
+-- transaction (call it on its own, in autocommit).
+--
+-- 1. heads: walk the due events in queue order (priority, then due time)
+--    without locking, and keep the first event of each endpoint whose bucket
+--    holds a token: bucket_claimable answers, once per endpoint, how many of
+--    its events to lock (its whole tokens, at most per_endpoint; none in a
+--    cooldown, a pause or an open breaker).  Endpoints without tokens are
+--    filtered here, before anything is locked, and one busy endpoint appears
+--    once: the next endpoints get their turn in the same batch.
+-- 2. locked: for each of those endpoints, lock up to that many of its due
+--    events, best first, skipping events other workers hold.
+-- 3. batches: group them per endpoint, in endpoint order, behind OFFSET 0:
+--    every lock is taken before any token, and takes follow one order in
+--    every worker, so they cannot deadlock.
+-- 4. grants: one bucket_take_upto per endpoint: its tokens for the whole
+--    batch in one row update, granting as many as the bucket holds.
+-- 5. deferred: locked events that got no token go back to the queue at the
+--    time the next token comes; their attempts do not change.
+-- 6. the rest are claimed: status 'sending', leased until now() + lease.
+--
+-- Tokens are spent only on events returned here: locked rows skipped by
+-- another worker were never counted, and a rollback gives the tokens back.
+CREATE FUNCTION claim_events(
+    max_endpoints int DEFAULT 8,
+    per_endpoint int DEFAULT 10,
+    lease interval DEFAULT '30 seconds')
+RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb)
+LANGUAGE sql VOLATILE
+-- The plan is right but, planned for any LIMIT, its cost estimate is huge:
+-- never let JIT compile a query that runs in a few milliseconds.
+SET jit = off
+AS $$
+WITH heads AS (
+    SELECT h.endpoint, h.n
+    FROM (SELECT e.endpoint,
+                 ratebucket.bucket_claimable(e.endpoint, per_endpoint) AS n
+          FROM webhook_events e
+          WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+          ORDER BY e.priority DESC, e.next_attempt_at) h
+    WHERE h.n > 0
+    LIMIT max_endpoints
+), locked AS (
+    SELECT x.id, x.endpoint, x.priority, x.next_attempt_at
+    FROM heads hd
+    CROSS JOIN LATERAL (
+        SELECT e.id, e.endpoint, e.priority, e.next_attempt_at
+        FROM webhook_events e
+        WHERE e.endpoint = hd.endpoint
+          AND e.status = 'pending' AND e.next_attempt_at <= now()
+        ORDER BY e.priority DESC, e.next_attempt_at
+        LIMIT hd.n
+        FOR UPDATE SKIP LOCKED) x
+), batches AS (
+    SELECT l.endpoint,
+           array_agg(l.id ORDER BY l.priority DESC, l.next_attempt_at, l.id) AS ids
+    FROM locked l
+    GROUP BY l.endpoint
+    ORDER BY l.endpoint
+    OFFSET 0
+), grants AS MATERIALIZED (
+    SELECT b.endpoint, b.ids, t.granted, t.wait_seconds
+    FROM batches b
+    CROSS JOIN LATERAL ratebucket.bucket_take_upto(b.endpoint, cardinality(b.ids)) t
+), deferred AS (
+    UPDATE webhook_events e
+    SET next_attempt_at = now() + make_interval(secs => g.wait_seconds)
+    FROM grants g
+    WHERE e.id = ANY (g.ids[g.granted + 1:])
+)
+UPDATE webhook_events e
+SET status = 'sending', lease_until = now() + lease
+FROM grants g
+WHERE e.id = ANY (g.ids[1:g.granted])
+RETURNING e.id, e.endpoint, e.attempts, e.payload;
+$$;
+
+-- The delay before retrying after a failure: 0.5 s doubling per attempt, at
+-- most 30 s.  (A 429's cooldown comes from the destination instead.)
+CREATE FUNCTION retry_backoff(attempts int) RETURNS float8
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT least(30.0, 0.5 * 2 ^ least(greatest(attempts - 1, 0), 10)) $$;
+
+-- record_delivery: what came back for one claimed event.  Call it for every
+-- event of a batch in one transaction, after the requests, never during.
+--
+-- http_status NULL means no response (timeout, reset, refused); sent false
+-- means the request never left (could not connect): then the attempt does
+-- not count.  The destination's answer always goes to bucket_observe (its
+-- cooldowns, rate and breaker); the event is then
+--   2xx                 delivered;
+--   429, 503 + Retry-After, failures (5xx, timeouts): pending again, due
+--                       after the cooldown or a backoff, up to max_attempts;
+--   other statuses      (4xx: the request's own fault) failed at once.
+-- Returns the outcome, or 'stale' if the event is no longer this worker's
+-- (its lease expired and it went back to the queue).
+CREATE FUNCTION record_delivery(
+    event_id bigint,
+    http_status int,
+    retry_after text DEFAULT NULL,
+    headers jsonb DEFAULT NULL,
+    sent boolean DEFAULT true,
+    max_attempts int DEFAULT 25)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    ev       webhook_events;
+    fb       record;
+    tries    int;
+    delay    float8;
+BEGIN
+    SELECT * INTO ev FROM webhook_events WHERE id = event_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'event % does not exist', event_id
+            USING ERRCODE = 'no_data_found';
+    END IF;
+
+    -- what the destination said is true whatever became of the lease
+    SELECT * INTO fb
+    FROM ratebucket.bucket_observe(ev.endpoint, http_status, retry_after, headers);
+
+    IF ev.status <> 'sending' THEN
+        RETURN 'stale';
+    END IF;
+
+    tries := ev.attempts + CASE WHEN sent THEN 1 ELSE 0 END;
+
+    IF fb.outcome = 'success' THEN
+        UPDATE webhook_events
+        SET status = 'delivered', attempts = tries, last_status = http_status,
+            delivered_at = clock_timestamp(), lease_until = NULL
+        WHERE id = event_id;
+    ELSIF fb.outcome = 'neutral' OR tries >= max_attempts THEN
+        UPDATE webhook_events
+        SET status = 'failed', attempts = tries, last_status = http_status,
+            lease_until = NULL
+        WHERE id = event_id;
+    ELSE
+        delay := greatest(coalesce(fb.cooldown_seconds, 0),
+                          CASE WHEN fb.outcome = 'failure'
+                               THEN retry_backoff(tries) ELSE 0 END);
+        UPDATE webhook_events
+        SET status = 'pending', attempts = tries, last_status = http_status,
+            next_attempt_at = clock_timestamp() + make_interval(secs => delay),
+            lease_until = NULL
+        WHERE id = event_id;
+    END IF;
+    RETURN fb.outcome;
+END $$;
+
+-- next_due: seconds until a claim could find something (0: now; NULL:
+-- nothing pending).  For each endpoint with pending events, the later of its
+-- first due event and its bucket's next token (ratebucket.bucket_wait,
+-- lock-free): a worker with nothing to claim sleeps that long, or until
+-- NOTIFY webhook_events says events arrived.
+CREATE FUNCTION next_due() RETURNS float8
+LANGUAGE sql VOLATILE
+AS $$
+SELECT greatest(0.0, min(greatest(
+           extract(epoch FROM p.due - clock_timestamp())::float8,
+           ratebucket.bucket_wait(p.endpoint))))
+FROM (SELECT e.endpoint, min(e.next_attempt_at) AS due
+      FROM webhook_events e
+      WHERE e.status = 'pending'
+      GROUP BY e.endpoint) p
+$$;
+
+-- requeue_expired: events whose lease ran out (their worker died or hung)
+-- go back to the queue.  Whether the request left is unknown: the attempt
+-- is not counted, and the event may be delivered twice (at least once).
+CREATE FUNCTION requeue_expired() RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$
+WITH r AS (
+    UPDATE webhook_events
+    SET status = 'pending', lease_until = NULL, next_attempt_at = now()
+    WHERE status = 'sending' AND lease_until < now()
+    RETURNING 1)
+SELECT count(*) FROM r
+$$;
+
+-- events_left: events not yet delivered or failed.
+CREATE FUNCTION events_left() RETURNS bigint
+LANGUAGE sql STABLE
+AS $$ SELECT count(*) FROM webhook_events WHERE status IN ('pending', 'sending') $$;

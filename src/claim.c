@@ -1,0 +1,115 @@
+/*-------------------------------------------------------------------------
+ *
+ * claim.c
+ *	  bucket_claimable: the lock-free filter of a worker's claim query.
+ *
+ * A claim picks, in queue order, the endpoints of the best due events, then
+ * locks up to so many events of each (FOR UPDATE SKIP LOCKED) and takes
+ * their tokens with one bucket_take_upto per endpoint.  bucket_claimable is
+ * its first step: called on every candidate event, in queue order, it says
+ * how many events of that endpoint the claim may lock.  The first call for
+ * an endpoint within one execution of the statement peeks the bucket's last
+ * committed state once (no lock, nothing written) and answers the whole
+ * tokens it holds now, at most "per_endpoint" (one while a half-open breaker
+ * waits for its probe; none in a cooldown, a pause or an open breaker).
+ * Every later call for that endpoint in the same execution answers 0, so
+ * each endpoint appears once, at its best event, and one busy endpoint
+ * cannot fill a batch: the others get their turn.
+ *
+ * The memory of what was answered lives in fn_extra, which the executor
+ * allocates afresh for every execution of a statement: a prepared claim
+ * starts clean each time.  The answer is a peek: the take under the row
+ * lock decides, and may grant fewer.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "common/hashfn.h"
+#include "fmgr.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+
+#include "ratebucket.h"
+#include "validate.h"
+
+PG_FUNCTION_INFO_V1(ratebucket_claimable);
+
+/* An endpoint seen by this execution of the statement. */
+typedef struct RbSeen
+{
+	char	   *endpoint;		/* hash key: a pointer to the string */
+} RbSeen;
+
+static uint32
+rb_seen_hash(const void *key, Size keysize pg_attribute_unused())
+{
+	const char *s = *(char *const *) key;
+
+	return hash_bytes((const unsigned char *) s, (int) strlen(s));
+}
+
+static int
+rb_seen_match(const void *key1, const void *key2, Size keysize pg_attribute_unused())
+{
+	return strcmp(*(char *const *) key1, *(char *const *) key2);
+}
+
+/* The endpoints this execution has answered for, created on first use. */
+static HTAB *
+rb_seen_table(FunctionCallInfo fcinfo)
+{
+	HTAB	   *seen = (HTAB *) fcinfo->flinfo->fn_extra;
+
+	if (seen == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(char *);
+		ctl.entrysize = sizeof(RbSeen);
+		ctl.hash = rb_seen_hash;
+		ctl.match = rb_seen_match;
+		ctl.hcxt = fcinfo->flinfo->fn_mcxt;
+		seen = hash_create("ratebucket claimable endpoints", 64, &ctl,
+						   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE |
+						   HASH_CONTEXT);
+		fcinfo->flinfo->fn_extra = seen;
+	}
+	return seen;
+}
+
+/*
+ * bucket_claimable(endpoint text, per_endpoint int) returns int
+ *		How many of this endpoint's events may this claim lock?  See the
+ *		file header: the first call per endpoint and per execution peeks,
+ *		later ones answer 0.
+ */
+Datum
+ratebucket_claimable(PG_FUNCTION_ARGS)
+{
+	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
+	int32		per_endpoint = rb_arg_count(fcinfo, 1, "per_endpoint");
+	HTAB	   *seen = rb_seen_table(fcinfo);
+	char	   *key = text_to_cstring(endpoint);
+	bool		found;
+
+	(void) hash_search(seen, &key, HASH_FIND, &found);
+	if (found)
+	{
+		pfree(key);
+		PG_RETURN_INT32(0);
+	}
+
+	/* remember it (in the table's context) before the peek can fail */
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+		char	   *stored = pstrdup(key);
+
+		MemoryContextSwitchTo(oldcxt);
+		(void) hash_search(seen, &stored, HASH_ENTER, &found);
+	}
+	pfree(key);
+
+	PG_RETURN_INT32((int32) rb_peek_grantable(endpoint, per_endpoint));
+}
