@@ -45,14 +45,27 @@ SELECT allowed, wait_seconds > 1.9 AND wait_seconds < 2.2 AS waits_past_cooldown
 FROM ratebucket.bucket_take('f:api');
 SELECT allowed, wait_seconds > 1.9 AND wait_seconds < 2.2 AS waits_past_cooldown
 FROM ratebucket.bucket_take('f:api', 1000, 1000);
--- Each 429 halves the rate; the default floor is 10% of the rate (10/s).
-SELECT effective_rate FROM ratebucket.bucket_observe('f:api', 429, '1');
-SELECT effective_rate FROM ratebucket.bucket_observe('f:api', 429, '1');
-SELECT effective_rate, breaker FROM ratebucket.bucket_observe('f:api', 429, '1');
-SELECT effective_rate FROM ratebucket.bucket_observe('f:api', 429, '1');
+-- A 429 that arrives during that cooldown lowers nothing more: it was sent
+-- before the first one could slow anyone down (a batch in flight, other
+-- workers).  Its shorter cooldown does not cut the running one short.
+SELECT effective_rate, round(cooldown_seconds::numeric, 0) AS cooldown
+FROM ratebucket.bucket_observe('f:api', 429, '1');
+SELECT effective_rate, throttles, cooldowns FROM ratebucket.bucket_status WHERE endpoint = 'f:api';
+
+-- Each 429 after the last cooldown halves the rate, down to the floor: by
+-- default 10% of the rate (10/s).  Cooldowns of 0 s here, so that each 429
+-- comes after the previous one's cooldown, and no recovery (recovery_factor
+-- 1), so that the figures do not grow in between.
+SET ratebucket.min_cooldown = 0;
+SELECT ratebucket.bucket_configure('f:halve', 100, 10, recovery_factor => 1);
+SELECT effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
+SELECT effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
+SELECT effective_rate, breaker FROM ratebucket.bucket_observe('f:halve', 429, '0');
+SELECT effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
+SELECT effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
 SELECT effective_rate, at_floor_since IS NOT NULL AS at_floor, throttles, cooldowns,
 	   failures, failure_run
-FROM ratebucket.bucket_status WHERE endpoint = 'f:api';
+FROM ratebucket.bucket_status WHERE endpoint = 'f:halve';
 
 -- Recovery, computed from time: held during the cooldown, then x1.10 per
 -- 60 s, never above the configured rate.  At explicit times:
@@ -68,18 +81,19 @@ WHERE b.endpoint = 'f:api'
 ORDER BY d.after;
 
 -- A configured floor: 30/s.
-SELECT ratebucket.bucket_configure('f:floor', 100, 10, floor_rate => 30);
-SELECT effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '1');
-SELECT effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '1');
+SELECT ratebucket.bucket_configure('f:floor', 100, 10, floor_rate => 30, recovery_factor => 1);
+SELECT effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '0');
+SELECT effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '0');
 SELECT effective_rate, at_floor_since IS NOT NULL AS at_floor
 FROM ratebucket.bucket_status WHERE endpoint = 'f:floor';
 -- A gentler multiplier, configured: x0.8.
-SELECT ratebucket.bucket_configure('f:gentle', 100, 10, throttle_factor => 0.8);
-SELECT round(effective_rate::numeric, 6) AS effective_rate FROM ratebucket.bucket_observe('f:gentle', 429, '1');
-SELECT round(effective_rate::numeric, 6) AS effective_rate FROM ratebucket.bucket_observe('f:gentle', 429, '1');
+SELECT ratebucket.bucket_configure('f:gentle', 100, 10, throttle_factor => 0.8, recovery_factor => 1);
+SELECT round(effective_rate::numeric, 6) AS effective_rate FROM ratebucket.bucket_observe('f:gentle', 429, '0');
+SELECT round(effective_rate::numeric, 6) AS effective_rate FROM ratebucket.bucket_observe('f:gentle', 429, '0');
 -- Explicit limits: the decrease applies on top of the rate each take passes.
 SELECT allowed FROM ratebucket.bucket_take('f:explicit', 40, 5);
 SELECT effective_rate FROM ratebucket.bucket_observe('f:explicit', 429, '1');
+RESET ratebucket.min_cooldown;
 
 --
 -- Retry-After, clamped to [min_cooldown, max_cooldown]; a malformed value is

@@ -208,12 +208,19 @@ ratebucket_observe(PG_FUNCTION_ARGS)
 				bucket.cooldowns++;
 		}
 
-		/* The rate: halved (by default) on a 429, cut to a published limit. */
+		/*
+		 * The rate: halved (by default) on a 429, cut to a published limit.
+		 * Once per congestion: a 429 that arrives while an earlier answer's
+		 * cooldown is still running was sent before the destination's
+		 * first complaint could slow anyone down (a batch in flight, other
+		 * workers), so it lowers nothing more.
+		 */
 		if (outcome == RB_OUTCOME_THROTTLED)
 		{
-			rb_lower_factor(&bucket.adapt, &policy,
-							rb_factor_now(&bucket.adapt, &policy, now) *
-							policy.throttle_factor, now);
+			if (before_cooldown == RB_NO_TIME || before_cooldown <= now)
+				rb_lower_factor(&bucket.adapt, &policy,
+								rb_factor_now(&bucket.adapt, &policy, now) *
+								policy.throttle_factor, now);
 			bucket.throttles++;
 		}
 		if (rl.has_limit && rl.has_window && rl.window_seconds > 0)
