@@ -21,7 +21,7 @@ OBJS = \
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 # pg_regress: inputs in sql/, outputs in expected/.
-REGRESS = setup take claim configure admin feedback headers errors privileges
+REGRESS = setup take claim configure admin feedback headers errors privileges upgrade
 REGRESS_OPTS = --inputdir=.
 
 # Isolation specs: test/specs/*.spec, outputs in test/expected/.

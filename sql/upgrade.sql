@@ -1,0 +1,375 @@
+--
+-- upgrade: a database on 1.0, with configured endpoints, state and grants,
+-- updated with ALTER EXTENSION ... UPDATE, ends up with the same objects as
+-- a fresh install of the newest version, its rows untouched, its grants
+-- kept, and the new functions working on the old rows and closed to PUBLIC.
+-- (The model is contrib's oldextversions tests.)
+--
+-- This test drops the extension, and with it the buckets and anything the
+-- earlier tests left behind: it must stay last in REGRESS.  It leaves the
+-- extension installed at the newest version.
+--
+SET client_min_messages = warning;	-- the CASCADE lists earlier tests' objects
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+
+--
+-- A snapshot of every object that belongs to the extension (pg_depend
+-- deptype 'e'), as (object, property, value) rows, free of OIDs and of the
+-- name of the installing role: functions with their signature, result,
+-- volatility, parallel safety, strictness, cost, SECURITY DEFINER, settings,
+-- source or C symbol, privileges (current and initial, as pg_dump sees
+-- them) and comment; the table's and the view's columns (position, type,
+-- NOT NULL, default, comment, privileges), options, indexes, constraints,
+-- triggers, privileges and comment; the view's definition; and the
+-- extension's own schema, configuration tables and their conditions.
+--
+
+-- A privilege list as text, "grantee=privileges/grantor" (* for WITH GRANT
+-- OPTION), the object's owner written "owner" (its name is whoever runs the
+-- tests) and PUBLIC "PUBLIC".
+CREATE FUNCTION pg_temp.acl(acl aclitem[], owner oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+	SELECT coalesce(string_agg(item, ' ' ORDER BY item COLLATE "C"), '(none)')
+	FROM (SELECT format('%s=%s/%s', grantee,
+						string_agg(privilege, ',' ORDER BY privilege COLLATE "C"), grantor) AS item
+		  FROM (SELECT CASE a.grantee WHEN 0 THEN 'PUBLIC' WHEN owner THEN 'owner'
+							ELSE a.grantee::regrole::text END AS grantee,
+					   CASE a.grantor WHEN owner THEN 'owner'
+							ELSE a.grantor::regrole::text END AS grantor,
+					   a.privilege_type ||
+					   CASE WHEN a.is_grantable THEN '*' ELSE '' END AS privilege
+				FROM aclexplode(acl) AS a) AS p
+		  GROUP BY grantee, grantor) AS items
+$$;
+
+CREATE FUNCTION pg_temp.ext_objects()
+RETURNS TABLE (object text, property text, value text)
+LANGUAGE sql STABLE AS $$
+	WITH ext AS (
+		SELECT e.oid, e.extowner, e.extnamespace, e.extrelocatable,
+			   e.extconfig, e.extcondition
+		FROM pg_extension e WHERE e.extname = 'ratebucket'
+	), member AS (
+		SELECT d.classid, d.objid
+		FROM pg_depend d, ext
+		WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = ext.oid
+		  AND d.deptype = 'e'
+	), initacl AS (
+		SELECT i.classoid, i.objoid, i.objsubid, i.initprivs
+		FROM pg_init_privs i WHERE i.privtype = 'e'
+	), rel AS (
+		SELECT c.*, pg_describe_object('pg_class'::regclass, c.oid, 0) AS object
+		FROM pg_class c JOIN member m
+		  ON m.classid = 'pg_class'::regclass AND m.objid = c.oid
+	), col AS (
+		SELECT a.*, r.relowner,
+			   pg_describe_object('pg_class'::regclass, a.attrelid, a.attnum) AS object,
+			   row_number() OVER (PARTITION BY a.attrelid ORDER BY a.attnum) AS position
+		FROM pg_attribute a JOIN rel r ON r.oid = a.attrelid
+		WHERE a.attnum > 0 AND NOT a.attisdropped
+	)
+	-- The extension itself.
+	SELECT 'extension ratebucket', p.property, coalesce(p.value, '(null)')
+	FROM ext, LATERAL (VALUES
+		('schema', ext.extnamespace::regnamespace::text),
+		('relocatable', ext.extrelocatable::text),
+		('config tables', ext.extconfig::regclass[]::text),
+		('config conditions', ext.extcondition::text)) AS p(property, value)
+	UNION ALL
+	-- Every member, and its comment.
+	SELECT pg_describe_object(m.classid, m.objid, 0), p.property,
+		   coalesce(p.value, '(null)')
+	FROM member m, LATERAL (VALUES
+		('member', 'yes'),
+		('comment', obj_description(m.objid, m.classid::regclass::name))) AS p(property, value)
+	UNION ALL
+	-- Functions.
+	SELECT pg_describe_object('pg_proc'::regclass, f.oid, 0), p.property,
+		   coalesce(p.value, '(null)')
+	FROM pg_proc f
+	JOIN member m ON m.classid = 'pg_proc'::regclass AND m.objid = f.oid
+	CROSS JOIN ext
+	JOIN pg_language l ON l.oid = f.prolang
+	LEFT JOIN initacl i ON i.classoid = 'pg_proc'::regclass AND i.objoid = f.oid
+	CROSS JOIN LATERAL (VALUES
+		('kind', f.prokind::text),
+		('arguments', pg_get_function_arguments(f.oid)),
+		('result', pg_get_function_result(f.oid)),
+		('language', l.lanname::text),
+		('volatility', f.provolatile::text),
+		('parallel', f.proparallel::text),
+		('strict', f.proisstrict::text),
+		('security definer', f.prosecdef::text),
+		('leakproof', f.proleakproof::text),
+		('cost', f.procost::text),
+		('rows', f.prorows::text),
+		('config', f.proconfig::text),
+		('source', f.prosrc),
+		('library', f.probin),
+		('owner', CASE WHEN f.proowner = ext.extowner THEN 'extension owner'
+					   ELSE f.proowner::regrole::text END),
+		('acl', pg_temp.acl(coalesce(f.proacl, acldefault('f', f.proowner)), f.proowner)),
+		('initial acl', pg_temp.acl(i.initprivs, f.proowner))) AS p(property, value)
+	UNION ALL
+	-- The table and the view.
+	SELECT r.object, p.property, coalesce(p.value, '(null)')
+	FROM rel r
+	CROSS JOIN ext
+	LEFT JOIN initacl i ON i.classoid = 'pg_class'::regclass AND i.objoid = r.oid
+		AND i.objsubid = 0
+	CROSS JOIN LATERAL (VALUES
+		('kind', r.relkind::text),
+		('persistence', r.relpersistence::text),
+		('options', (SELECT string_agg(o, ', ' ORDER BY o) FROM unnest(r.reloptions) AS o)),
+		('row security', r.relrowsecurity::text),
+		('replica identity', r.relreplident::text),
+		('view definition', CASE WHEN r.relkind = 'v' THEN pg_get_viewdef(r.oid, true) END),
+		('owner', CASE WHEN r.relowner = ext.extowner THEN 'extension owner'
+					   ELSE r.relowner::regrole::text END),
+		('acl', pg_temp.acl(coalesce(r.relacl, acldefault('r', r.relowner)), r.relowner)),
+		('initial acl', pg_temp.acl(i.initprivs, r.relowner))) AS p(property, value)
+	UNION ALL
+	-- Their columns.
+	SELECT c.object, p.property, coalesce(p.value, '(null)')
+	FROM col c
+	LEFT JOIN pg_attrdef ad ON ad.adrelid = c.attrelid AND ad.adnum = c.attnum
+	CROSS JOIN LATERAL (VALUES
+		('position', c.position::text),
+		('type', format_type(c.atttypid, c.atttypmod)),
+		('not null', c.attnotnull::text),
+		('default', pg_get_expr(ad.adbin, ad.adrelid)),
+		('comment', col_description(c.attrelid, c.attnum)),
+		('acl', pg_temp.acl(c.attacl, c.relowner))) AS p(property, value)
+	UNION ALL
+	-- Indexes, constraints and triggers on the table.
+	SELECT pg_describe_object('pg_class'::regclass, x.indexrelid, 0), 'definition',
+		   pg_get_indexdef(x.indexrelid)
+	FROM pg_index x JOIN rel r ON r.oid = x.indrelid
+	UNION ALL
+	SELECT pg_describe_object('pg_constraint'::regclass, k.oid, 0), 'definition',
+		   pg_get_constraintdef(k.oid)
+	FROM pg_constraint k JOIN rel r ON r.oid = k.conrelid
+	UNION ALL
+	SELECT pg_describe_object('pg_trigger'::regclass, t.oid, 0), 'definition',
+		   pg_get_triggerdef(t.oid)
+	FROM pg_trigger t JOIN rel r ON r.oid = t.tgrelid
+	WHERE NOT t.tgisinternal
+$$;
+
+--
+-- 1. A fresh install of the newest version: its snapshot is the reference.
+--
+CREATE EXTENSION ratebucket;
+SELECT extversion = (SELECT default_version FROM pg_available_extensions
+					 WHERE name = 'ratebucket') AS is_default_version
+FROM pg_extension WHERE extname = 'ratebucket';
+
+CREATE TEMP TABLE snap_fresh AS SELECT * FROM pg_temp.ext_objects();
+-- What the snapshot covers.
+SELECT split_part(object, ' ', 1) AS kind, count(DISTINCT object) AS objects,
+	   count(*) AS properties
+FROM snap_fresh GROUP BY 1 ORDER BY 1;
+
+DROP EXTENSION ratebucket;
+
+--
+-- 2. Version 1.0, as released, filled through its own API.
+--
+CREATE EXTENSION ratebucket VERSION '1.0';
+SELECT extversion FROM pg_extension WHERE extname = 'ratebucket';
+
+-- The functions 1.1 adds do not exist yet.
+SELECT f AS function_of_1_1, to_regprocedure(f) IS NOT NULL AS exists
+FROM unnest(ARRAY['ratebucket.bucket_take_upto(text,float8,float8,int)',
+				  'ratebucket.bucket_take_upto(text,int)',
+				  'ratebucket.bucket_claimable(text,int)',
+				  'ratebucket.bucket_wait(text,float8)']) AS f;
+
+CREATE TEMP TABLE snap_10 AS SELECT * FROM pg_temp.ext_objects();
+
+-- A worker, granted what the README documents for 1.0, and a role with no
+-- grant at all (it has only what PUBLIC has).
+CREATE ROLE regress_rb_upgrade_worker;
+CREATE ROLE regress_rb_upgrade_nobody;
+GRANT USAGE ON SCHEMA ratebucket TO regress_rb_upgrade_worker;
+GRANT EXECUTE ON FUNCTION
+	ratebucket.bucket_take(text, float8, float8, float8),
+	ratebucket.bucket_take(text, float8),
+	ratebucket.bucket_ready(text, float8),
+	ratebucket.bucket_observe(text, int, text, jsonb)
+	TO regress_rb_upgrade_worker;
+GRANT SELECT ON ratebucket.bucket_status TO regress_rb_upgrade_worker;
+
+-- Rates so low that nothing refills while this test runs.
+-- u:api: configured, every feedback setting overridden, 2 tokens taken,
+-- two failures in a row (below its breaker's 3).
+SELECT ratebucket.bucket_configure('u:api', 0.000001, 10, floor_rate => 0.0000002,
+								   throttle_factor => 0.25, recovery_factor => 1.5,
+								   breaker_failures => 3);
+SELECT allowed, remaining FROM ratebucket.bucket_take('u:api', 2);
+SELECT outcome, breaker FROM ratebucket.bucket_observe('u:api', 500);
+SELECT outcome, breaker FROM ratebucket.bucket_observe('u:api', 503);
+-- u:cooling: a 429 with Retry-After: a half-hour cooldown, which empties the
+-- bucket until it ends (so its rate of 1/s refills nothing during the test),
+-- and the rate halved.
+SELECT ratebucket.bucket_configure('u:cooling', 1, 4, throttle_factor => 0.5);
+SELECT outcome, cooldown_seconds, effective_rate
+FROM ratebucket.bucket_observe('u:cooling', 429, '1800');
+-- u:paused: paused until resumed.
+SELECT ratebucket.bucket_configure('u:paused', 0.000001, 3);
+SELECT ratebucket.bucket_pause('u:paused');
+-- u:adhoc: not configured, created by the worker's take with explicit limits.
+SET ROLE regress_rb_upgrade_worker;
+SELECT allowed, remaining FROM ratebucket.bucket_take('u:adhoc', 0.000001, 5, 2);
+RESET ROLE;
+
+-- The stored state (a cooldown's end is a time: shown as "cooling").
+SELECT endpoint, conf_rate, conf_capacity, conf_floor_rate, conf_throttle_factor,
+	   conf_recovery_factor, conf_breaker_failures, round(tokens::numeric, 3) AS tokens,
+	   takes_granted, rate_factor, coalesce(cooldown_until > now(), false) AS cooling, paused_until,
+	   failure_run, failures, throttles
+FROM ratebucket.buckets ORDER BY endpoint;
+
+-- Every row, kept as it is now, and a fingerprint of every row (as in
+-- errors.sql), over the columns 1.0 has: a later update may add columns.
+CREATE TEMP TABLE rows_10 AS
+SELECT b.endpoint, to_jsonb(b) AS r FROM ratebucket.buckets AS b;
+CREATE TEMP TABLE columns_10 AS
+SELECT array_agg(attname::text) AS columns
+FROM pg_attribute
+WHERE attrelid = 'ratebucket.buckets'::regclass AND attnum > 0 AND NOT attisdropped;
+CREATE FUNCTION pg_temp.fingerprint(columns text[]) RETURNS text
+LANGUAGE sql AS $$
+	SELECT md5(coalesce(string_agg(r::text, '|' ORDER BY endpoint), ''))
+	FROM (SELECT b.endpoint,
+				 (SELECT jsonb_object_agg(c.key, c.value)
+				  FROM jsonb_each(to_jsonb(b)) AS c
+				  WHERE c.key = ANY (columns)) AS r
+		  FROM ratebucket.buckets AS b) AS rows
+$$;
+SELECT pg_temp.fingerprint(columns) AS before FROM columns_10 \gset
+SELECT cardinality(columns) AS columns, :'before' <> md5('') AS rows_fingerprinted
+FROM columns_10;
+
+--
+-- 3. The update, to the default version (step by step from 1.0, through
+-- every script on the way).
+--
+ALTER EXTENSION ratebucket UPDATE;
+SELECT extversion = (SELECT default_version FROM pg_available_extensions
+					 WHERE name = 'ratebucket') AS is_default_version
+FROM pg_extension WHERE extname = 'ratebucket';
+
+--
+-- 4. The rows are untouched: the same fingerprint, and, row by row, every
+-- value each row held is still there.
+--
+SELECT pg_temp.fingerprint(columns) = :'before' AS same_fingerprint FROM columns_10;
+SELECT o.endpoint, coalesce(to_jsonb(n) @> o.r, false) AS unchanged
+FROM rows_10 AS o LEFT JOIN ratebucket.buckets AS n USING (endpoint)
+ORDER BY o.endpoint;
+SELECT count(*) AS rows_now FROM ratebucket.buckets;
+
+--
+-- 5. Grants made on 1.0 survive; the new functions are not open to PUBLIC.
+-- For every function: may the worker, and may a role with no grant, call it?
+--
+SELECT f.oid::regprocedure AS function,
+	   has_function_privilege('regress_rb_upgrade_worker', f.oid, 'EXECUTE') AS worker,
+	   has_function_privilege('regress_rb_upgrade_nobody', f.oid, 'EXECUTE') AS nobody
+FROM pg_proc f
+WHERE f.pronamespace = 'ratebucket'::regnamespace
+ORDER BY f.oid::regprocedure::text;
+SELECT has_table_privilege('regress_rb_upgrade_worker', 'ratebucket.bucket_status', 'SELECT') AS worker_reads_status,
+	   has_table_privilege('regress_rb_upgrade_nobody', 'ratebucket.bucket_status', 'SELECT') AS nobody_reads_status;
+-- And in practice: the worker still takes, and is refused a 1.1 function
+-- nobody granted it.
+SET ROLE regress_rb_upgrade_worker;
+SELECT allowed, round(remaining::numeric, 3) AS remaining
+FROM ratebucket.bucket_take('u:adhoc', 0.000001, 5, 1);
+SELECT ratebucket.bucket_wait('u:adhoc');
+RESET ROLE;
+
+--
+-- 6. The objects: the updated extension's snapshot against the fresh
+-- install's.  While the worker's grants stand they are the only difference,
+-- which shows the comparison sees privileges.
+--
+CREATE TEMP VIEW fresh_vs_updated AS
+SELECT 'fresh only' AS side, * FROM (SELECT * FROM snap_fresh
+									 EXCEPT SELECT * FROM pg_temp.ext_objects()) AS f
+UNION ALL
+SELECT 'updated only', * FROM (SELECT * FROM pg_temp.ext_objects()
+							   EXCEPT SELECT * FROM snap_fresh) AS u;
+SELECT * FROM fresh_vs_updated ORDER BY object, property, side;
+
+-- Without them, none: the symmetric difference is empty.  (Today the
+-- newest version has no install script of its own, so CREATE EXTENSION
+-- runs 1.0 and then the same update script; this comparison starts to bite
+-- when a release ships a full ratebucket--X.sql.  The listing below, of
+-- what the update changed, bites now.)
+REVOKE ALL ON SCHEMA ratebucket FROM regress_rb_upgrade_worker;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ratebucket FROM regress_rb_upgrade_worker;
+REVOKE ALL ON ratebucket.bucket_status FROM regress_rb_upgrade_worker;
+SELECT * FROM fresh_vs_updated ORDER BY object, property, side;
+
+-- What the update changed, against the 1.0 snapshot: the 1.1 functions,
+-- with all their properties (privileges and comments included), and
+-- nothing else.  A later version's update adds its own lines here.
+SELECT coalesce(n.object, o.object) AS object, coalesce(n.property, o.property) AS property,
+	   o.value AS "1.0", n.value AS updated
+FROM snap_10 AS o
+FULL JOIN pg_temp.ext_objects() AS n ON (n.object, n.property) = (o.object, o.property)
+WHERE o.value IS DISTINCT FROM n.value
+ORDER BY 1, 2;
+
+--
+-- 7. The new functions work on the old rows.
+--
+-- Three of u:api's 8 tokens in one take; the rest of u:adhoc's 2.
+SELECT granted, round(remaining::numeric, 3) AS remaining, wait_seconds
+FROM ratebucket.bucket_take_upto('u:api', 3);
+SELECT granted, round(remaining::numeric, 3) AS remaining,
+	   wait_seconds > 900000 AS waits_for_the_next_token
+FROM ratebucket.bucket_take_upto('u:adhoc', 0.000001, 5, 10);
+-- The cooldown and the pause carried over: u:cooling waits out the rest of
+-- its half hour (more than a quarter of an hour, however slow the machine)
+-- and then 2 s for a token at the halved rate; a pause's wait is capped at
+-- ratebucket.max_cooldown (1 h).
+SELECT granted, wait_seconds BETWEEN 900 AND 1802 AS waits_out_the_cooldown
+FROM ratebucket.bucket_take_upto('u:cooling', 2);
+SELECT ratebucket.bucket_wait('u:api') AS wait_api,
+	   ratebucket.bucket_wait('u:cooling') BETWEEN 900 AND 1802 AS wait_cooling,
+	   ratebucket.bucket_wait('u:paused') AS wait_paused;
+-- Once per endpoint per execution: u:api's 5 whole tokens, then 0.
+SELECT e, ratebucket.bucket_claimable(e, 10) AS n
+FROM (VALUES (1, 'u:api'), (2, 'u:api'), (3, 'u:cooling'), (4, 'u:paused'),
+			 (5, 'u:adhoc')) AS v(i, e)
+ORDER BY i;
+
+--
+-- 8. The old functions still work, and the status view shows what 1.0 left:
+-- the overrides, the pause, the cooldown and its lowered rate, the failures.
+--
+SELECT allowed, round(remaining::numeric, 3) AS remaining FROM ratebucket.bucket_take('u:api');
+SELECT allowed, wait_seconds BETWEEN 900 AND 1802 AS waits_out_the_cooldown
+FROM ratebucket.bucket_take('u:cooling');
+SELECT allowed FROM ratebucket.bucket_take('u:paused');
+SELECT ratebucket.bucket_ready('u:paused') AS ready_paused;
+SELECT endpoint, configured, conf_floor_rate, paused,
+	   cooldown_seconds BETWEEN 900 AND 1800 AS cooling, effective_rate < rate AS lowered,
+	   breaker, failure_run, takes_granted
+FROM ratebucket.bucket_status ORDER BY endpoint;
+-- A third failure in a row opens u:api's breaker: its override (3, where
+-- the default is 5) carried over.  And the pause ends when resumed.
+SELECT outcome, breaker FROM ratebucket.bucket_observe('u:api', 500);
+SELECT ratebucket.bucket_resume('u:paused');
+SELECT allowed FROM ratebucket.bucket_take('u:paused');
+
+DROP ROLE regress_rb_upgrade_worker, regress_rb_upgrade_nobody;
+
+-- The extension stays at the newest version.
+SELECT extversion = (SELECT default_version FROM pg_available_extensions
+					 WHERE name = 'ratebucket') AS is_default_version
+FROM pg_extension WHERE extname = 'ratebucket';
