@@ -1,0 +1,1843 @@
+/*
+ * demo/dispatcher.c — the reference dispatcher: webhook delivery from a
+ * PostgreSQL queue, rate-limited per destination by ratebucket.
+ *
+ * A C program to read and copy.  It runs the README's worker recipe against
+ * the queue of demo/queue.sql (webhook_events, claim_events, record_delivery,
+ * next_due, requeue_expired, events_left).  Several workers run at once,
+ * each a thread with its own PostgreSQL connection (libpq) and its own HTTP
+ * client (a libcurl multi handle), each running this loop:
+ *
+ *   1. claim    SELECT … FROM claim_events(endpoints, per_endpoint, lease)
+ *               One statement in autocommit, so one short transaction: it
+ *               locks due events, spends their endpoints' tokens, and marks
+ *               them 'sending' with a lease.  Its row and bucket locks last
+ *               only as long as the statement.
+ *   2. deliver  POST every claimed event to its endpoint, all at once,
+ *               OUTSIDE any transaction.  A request takes milliseconds to
+ *               seconds.  A transaction held open across it would keep the
+ *               bucket rows locked, with every other worker waiting on them,
+ *               and would hold back vacuum.  The lease stands in for the
+ *               lock: if this worker dies, requeue_expired() puts the events
+ *               back when the lease runs out.
+ *   3. record   BEGIN; lock the batch's events; SELECT record_delivery(…)
+ *               for each event; COMMIT.  One transaction per batch, so one
+ *               commit flush instead of one per event.  record_delivery
+ *               passes the destination's answer to bucket_observe (a 429
+ *               means a cooldown and a lower rate; failures feed the
+ *               circuit breaker) and decides what happens to the event.
+ *               Every transaction takes its locks in one order: event rows
+ *               first, then buckets in endpoint order, the order the claim
+ *               takes them in.  Otherwise workers deadlock, each stalling
+ *               for deadlock_timeout (see record_batch).
+ *   4. sleep    When a claim finds nothing, next_due() says how long until
+ *               something could be claimable (an event falls due, a bucket
+ *               refills).  The worker sleeps that long, at most 1 s, or
+ *               until a NOTIFY on webhook_events says that events arrived.
+ *               A worker with nothing to do makes two or three queries a
+ *               second.  It never polls in a tight loop.
+ *
+ * Refusals are not attempts.  An event the claim could not get a token for
+ * is never returned: it stays pending with its attempt count unchanged.  A
+ * request that never left (the host did not resolve, the connection was
+ * refused, or the connect timed out) is recorded with sent = false: the
+ * attempt is not counted, though the failure still counts toward the
+ * endpoint's circuit breaker.  A request that left and got no answer
+ * (timeout, reset) is recorded with status NULL, and it does count.
+ *
+ * Delivery is at least once.  If a worker dies between deliver and record,
+ * or a batch outlives its lease, the events are delivered again.
+ * Destinations deduplicate on the X-Event-Id header.
+ *
+ * Build:  make -C demo dispatcher    (libpq-dev, libcurl4-openssl-dev)
+ * Run:    demo/dispatcher --dsn 'host=/tmp dbname=demo' --until-empty
+ *
+ *   --dsn DSN                libpq connection string ('' for the PG* env)
+ *   --workers N              worker threads, one connection each (4)
+ *   --endpoints-per-claim N  claim_events' max_endpoints (8)
+ *   --per-endpoint N         claim_events' per_endpoint (10)
+ *   --lease-seconds N        claim_events' lease; must outlast a request (30)
+ *   --timeout-ms N           whole-request timeout (5000); connect: 1000
+ *   --until-empty            exit once events_left() is 0
+ *   --max-seconds N          exit after N seconds
+ *   --quiet                  only errors and the final summary
+ *
+ * SIGINT or SIGTERM (and --max-seconds) stop the workers gracefully: each
+ * worker finishes its batch in flight, delivering and recording it, then
+ * exits.  A second signal exits at once, and the unrecorded events come
+ * back when their leases expire.  The final summary goes to stdout.
+ * Progress lines and errors go to stderr.  Exit status: 0; 1 if any worker
+ * failed; 2 on a bad command line.
+ *
+ * Errors.  A PostgreSQL error is printed with the worker's number and ends
+ * that worker (the others go on, and the exit status is 1): it means a lost
+ * connection, a bug in the queue's SQL, or a missing privilege, and
+ * retrying it silently would hide it.  The one exception is a serialization
+ * failure or a deadlock (SQLSTATE 40001, 40P01): a claim or a batch record
+ * that fails with one is retried once.
+ *
+ * One worker at a time also runs requeue_expired() every 5 s.
+ *
+ * Threads.  A worker owns its connection, its curl handles and its buffers.
+ * What they share: the stop flag and the requeue schedule (C11 atomics),
+ * the totals (a mutex, merged once per batch), and the options (written
+ * before any thread starts).  SIGINT and SIGTERM are blocked in every
+ * thread and taken by the main thread with sigtimedwait(), so no code runs
+ * in a signal handler.
+ */
+
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <libpq-fe.h>
+
+#define EXIT_FAILED 1           /* a worker failed */
+#define EXIT_USAGE 2            /* bad command line */
+
+#define CONNECT_TIMEOUT_MS 1000 /* TCP connect to a destination */
+#define MIN_SLEEP 0.001         /* an idle worker sleeps at least 1 ms ... */
+#define MAX_SLEEP 1.0           /* ... and at most 1 s between claims */
+#define REQUEUE_EVERY_MS 5000   /* requeue_expired() period */
+#define PROGRESS_EVERY_S 5.0    /* progress lines, unless --quiet */
+#define MAX_BATCH 10000         /* endpoints-per-claim x per-endpoint */
+#define MAX_HEADER_VALUE 4096   /* longer captured header values are cut */
+#define MAX_OUTCOMES 16         /* distinct record_delivery outcomes counted */
+#define CHANNEL "webhook_events"    /* queue.sql's trigger NOTIFYs this */
+#define USER_AGENT "ratebucket-dispatcher/1.0"
+
+/*
+ * The statements, prepared once per connection.  The claim's ORDER BY puts
+ * a batch in the order its bucket locks were taken (the database's
+ * collation, not strcmp), and record_batch() records in that order.
+ */
+enum { COL_ID, COL_ENDPOINT, COL_ATTEMPTS, COL_PAYLOAD, N_CLAIM_COLUMNS };
+
+static const struct
+{
+    const char *name;
+    const char *sql;
+    int nparams;
+} statements[] = {
+    {"claim",
+     "SELECT id, endpoint, attempts, payload"
+     " FROM claim_events($1::int, $2::int, $3::interval)"
+     " ORDER BY endpoint, id", 3},
+    {"lock_events",
+     "SELECT id FROM webhook_events WHERE id = ANY ($1::bigint[])"
+     " ORDER BY id FOR UPDATE", 1},
+    {"record",
+     "SELECT record_delivery($1::bigint, $2::int, $3::text, $4::jsonb,"
+     " $5::boolean)", 5},
+    {"next_due", "SELECT next_due()", 0},
+    {"events_left", "SELECT events_left()", 0},
+    {"requeue_expired", "SELECT requeue_expired()", 0},
+};
+
+/*
+ * The response header fields passed on to record_delivery, matched without
+ * regard to case.  Retry-After goes in its own argument.  The others go in
+ * the headers object, under the names as the destination spelled them.
+ */
+static const char *const captured_names[] = {
+    "Retry-After",
+    "RateLimit",
+    "RateLimit-Policy",
+    "X-RateLimit-Limit",
+    "X-RateLimit-Remaining",
+    "X-RateLimit-Reset",
+};
+#define N_CAPTURED ((int) (sizeof(captured_names) / sizeof(captured_names[0])))
+#define H_RETRY_AFTER 0
+
+/* ------------------------------------------------------------- types -- */
+
+/* A growable byte buffer, always NUL-terminated, reused between batches. */
+typedef struct Buf
+{
+    char *data;
+    size_t len;
+    size_t cap;
+} Buf;
+
+/* One captured response header field. */
+typedef struct Captured
+{
+    bool present;
+    char name[32];              /* as spelled by the destination */
+    Buf value;                  /* raw bytes; repeated fields joined by ", " */
+} Captured;
+
+/*
+ * One HTTP request.  Each worker keeps one per event of its largest batch,
+ * created at start and reused: the easy handles, and the connections their
+ * multi handle keeps alive, outlive the batch.
+ */
+typedef struct Request
+{
+    CURL *easy;
+    struct curl_slist *headers; /* this request's header list */
+    bool active;                /* added to the multi handle */
+    int row;                    /* its event: a row of the claim's result */
+    CURLcode result;
+    long status;                /* the HTTP status, 0: no response */
+    bool sent;                  /* false: it never left (see request_left) */
+    Captured captured[N_CAPTURED];
+    char error[CURL_ERROR_SIZE];
+} Request;
+
+/* How many times record_delivery returned one value ('success', ...). */
+typedef struct OutcomeCount
+{
+    char name[32];
+    long long count;
+} OutcomeCount;
+
+/* Counters.  Each worker fills its own and adds them to the totals. */
+typedef struct Stats
+{
+    long long claims;           /* claim_events calls */
+    long long claims_nonempty;  /* ... that returned events */
+    long long claimed;          /* events claimed */
+    long long recorded;         /* record_delivery calls committed */
+    long long http_2xx, http_429, http_5xx, http_other;
+    long long no_response;      /* sent, but no answer */
+    long long not_sent;         /* never left */
+    int noutcomes;
+    OutcomeCount outcomes[MAX_OUTCOMES];
+    long long outcomes_other;   /* beyond MAX_OUTCOMES distinct values */
+} Stats;
+
+typedef struct Worker
+{
+    int num;
+    pthread_t thread;
+    bool started;
+    bool failed;
+    PGconn *conn;
+    CURLM *multi;
+    Request *requests;
+    int nrequests;              /* created so far (all, after worker_init) */
+    PGresult *batch;            /* the claim's result, kept until recorded */
+    bool notified;              /* a NOTIFY came since the last claim began */
+    Buf ids;                    /* scratch: the batch's ids, '{1,2,...}' */
+    Buf json;                   /* scratch: the headers argument */
+    Buf text;                   /* scratch: the retry_after argument */
+    double transport_logged_at; /* rate limit of transport error messages */
+    long transport_unlogged;
+} Worker;
+
+/* ------------------------------------------------------ shared state -- */
+
+static struct
+{
+    const char *dsn;
+    int workers;
+    int endpoints_per_claim;
+    int per_endpoint;
+    int lease_seconds;
+    int timeout_ms;
+    bool until_empty;
+    double max_seconds;         /* 0: no limit */
+    bool quiet;
+} opt = {NULL, 4, 8, 10, 30, 5000, false, 0, false};
+
+static double start_time;       /* set before the threads start */
+static atomic_bool stopping;    /* finish the batch in flight, then exit */
+static const char *stop_reason; /* written once, by whoever set stopping */
+static int stop_pipe[2] = {-1, -1}; /* written to on stop: wakes sleepers */
+static atomic_int workers_running;
+static atomic_llong next_requeue_ms;    /* when requeue_expired() is due */
+
+static pthread_mutex_t totals_lock = PTHREAD_MUTEX_INITIALIZER;
+static Stats totals;            /* guarded by totals_lock */
+
+/* ------------------------------------------------------------ helpers -- */
+
+static double
+now_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static long long
+now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* One line on stderr, written with a single call so threads do not mix. */
+static void
+vlog(int worker, const char *fmt, va_list ap)
+{
+    char line[2048];
+    size_t n;
+
+    n = (size_t) snprintf(line, sizeof(line), "[%9.3f] ", now_s() - start_time);
+    if (worker >= 0 && n < sizeof(line))
+        n += (size_t) snprintf(line + n, sizeof(line) - n, "worker %d: ", worker);
+    if (n < sizeof(line))
+        vsnprintf(line + n, sizeof(line) - n, fmt, ap);
+    fprintf(stderr, "%s\n", line);
+}
+
+__attribute__((format(printf, 2, 3)))
+static void
+log_error(int worker, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vlog(worker, fmt, ap);
+    va_end(ap);
+}
+
+__attribute__((format(printf, 2, 3)))
+static void
+log_info(int worker, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (opt.quiet)
+        return;
+    va_start(ap, fmt);
+    vlog(worker, fmt, ap);
+    va_end(ap);
+}
+
+static void
+out_of_memory(void)
+{
+    fputs("dispatcher: out of memory\n", stderr);
+    abort();
+}
+
+static void
+buf_reserve(Buf *b, size_t extra)
+{
+    size_t need = b->len + extra + 1;
+    size_t cap = b->cap ? b->cap : 64;
+    char *p;
+
+    if (need <= b->cap)
+        return;
+    while (cap < need)
+        cap *= 2;
+    p = realloc(b->data, cap);
+    if (p == NULL)
+        out_of_memory();
+    b->data = p;
+    b->cap = cap;
+}
+
+static void
+buf_reset(Buf *b)
+{
+    buf_reserve(b, 0);
+    b->len = 0;
+    b->data[0] = '\0';
+}
+
+static void
+buf_append(Buf *b, const char *s, size_t n)
+{
+    buf_reserve(b, n);
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+static void
+buf_putc(Buf *b, char c)
+{
+    buf_append(b, &c, 1);
+}
+
+static void
+buf_free(Buf *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+/*
+ * Header bytes outside ASCII are obs-text (RFC 9110), read as ISO-8859-1.
+ * Converting them, instead of passing them through, means a destination
+ * cannot make the record fail with invalid UTF-8.  NUL bytes are dropped:
+ * PostgreSQL text cannot hold them.
+ */
+static void
+append_latin1_as_utf8(Buf *b, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+    {
+        unsigned char c = (unsigned char) s[i];
+
+        if (c == 0)
+            continue;
+        if (c < 0x80)
+            buf_putc(b, (char) c);
+        else
+        {
+            buf_putc(b, (char) (0xC0 | (c >> 6)));
+            buf_putc(b, (char) (0x80 | (c & 0x3F)));
+        }
+    }
+}
+
+/* A JSON string: quotes, backslashes and control bytes escaped; bytes
+ * above 0x7E as \u00XX (ISO-8859-1, as above); NUL dropped. */
+static void
+append_json_string(Buf *b, const char *s, size_t n)
+{
+    buf_putc(b, '"');
+    for (size_t i = 0; i < n; i++)
+    {
+        unsigned char c = (unsigned char) s[i];
+        char esc[8];
+
+        if (c == 0)
+            continue;
+        if (c == '"' || c == '\\')
+        {
+            buf_putc(b, '\\');
+            buf_putc(b, (char) c);
+        }
+        else if (c < 0x20 || c > 0x7E)
+        {
+            snprintf(esc, sizeof(esc), "\\u%04x", c);
+            buf_append(b, esc, 6);
+        }
+        else
+            buf_putc(b, (char) c);
+    }
+    buf_putc(b, '"');
+}
+
+/* ----------------------------------------------------------- counters -- */
+
+static void
+stats_add_outcome(Stats *s, const char *value, long long count)
+{
+    char name[sizeof(s->outcomes[0].name)];
+    int i;
+
+    snprintf(name, sizeof(name), "%s", value);
+    for (i = 0; i < s->noutcomes; i++)
+        if (strcmp(s->outcomes[i].name, name) == 0)
+            break;
+    if (i == s->noutcomes)
+    {
+        if (i == MAX_OUTCOMES)
+        {
+            s->outcomes_other += count;
+            return;
+        }
+        memcpy(s->outcomes[i].name, name, sizeof(name));
+        s->outcomes[i].count = 0;
+        s->noutcomes++;
+    }
+    s->outcomes[i].count += count;
+}
+
+static void
+stats_add(Stats *to, const Stats *from)
+{
+    to->claims += from->claims;
+    to->claims_nonempty += from->claims_nonempty;
+    to->claimed += from->claimed;
+    to->recorded += from->recorded;
+    to->http_2xx += from->http_2xx;
+    to->http_429 += from->http_429;
+    to->http_5xx += from->http_5xx;
+    to->http_other += from->http_other;
+    to->no_response += from->no_response;
+    to->not_sent += from->not_sent;
+    for (int i = 0; i < from->noutcomes; i++)
+        stats_add_outcome(to, from->outcomes[i].name, from->outcomes[i].count);
+    to->outcomes_other += from->outcomes_other;
+}
+
+/* Add a worker's counters to the totals and clear them. */
+static void
+stats_flush(Stats *s)
+{
+    pthread_mutex_lock(&totals_lock);
+    stats_add(&totals, s);
+    pthread_mutex_unlock(&totals_lock);
+    memset(s, 0, sizeof(*s));
+}
+
+static void
+stats_snapshot(Stats *s)
+{
+    pthread_mutex_lock(&totals_lock);
+    *s = totals;
+    pthread_mutex_unlock(&totals_lock);
+}
+
+/* --------------------------------------------------------------- stop -- */
+
+static bool
+stop_requested(void)
+{
+    return atomic_load(&stopping);
+}
+
+/* Ask every worker to finish its batch in flight and exit.  Idempotent. */
+static void
+request_stop(const char *reason)
+{
+    if (atomic_exchange(&stopping, true))
+        return;
+    stop_reason = reason;
+    /* The byte is never read: the pipe stays readable, so every poll()
+     * on it returns at once from now on. */
+    if (write(stop_pipe[1], "x", 1) != 1)
+        log_error(-1, "could not wake the workers: %s (they notice within 1 s)",
+                  strerror(errno));
+    log_info(-1, "stopping (%s): finishing the batches in flight", reason);
+}
+
+/* ---------------------------------------------------------- PostgreSQL -- */
+
+/* The length of a libpq message without its trailing newline. */
+static int
+msg_len(const char *msg)
+{
+    size_t n = strlen(msg);
+
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' '))
+        n--;
+    return (int) n;
+}
+
+static void
+report_pg_error(Worker *w, const char *what, const PGresult *res)
+{
+    const char *msg = res ? PQresultErrorMessage(res) : "";
+    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+    if (PQstatus(w->conn) == CONNECTION_BAD)
+    {
+        msg = PQerrorMessage(w->conn);
+        log_error(w->num, "%s: lost the connection to PostgreSQL: %.*s",
+                  what, msg_len(msg), msg);
+        return;
+    }
+    if (*msg == '\0')
+        msg = PQerrorMessage(w->conn);
+    log_error(w->num, "%s failed: %.*s%s%s%s", what, msg_len(msg), msg,
+              state ? " (SQLSTATE " : "", state ? state : "", state ? ")" : "");
+}
+
+/* Serialization failure or deadlock: the transaction may simply be run again. */
+static bool
+retryable(const PGresult *res)
+{
+    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+    return state != NULL &&
+        (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0);
+}
+
+/*
+ * Take the notifications libpq has read so far off its queue.  Every query
+ * may bring some (they arrive between transactions), and a busy worker must
+ * not let them pile up.  One is enough to know that events may have arrived.
+ */
+static void
+drain_notifies(Worker *w)
+{
+    PGnotify *n;
+
+    while ((n = PQnotifies(w->conn)) != NULL)
+    {
+        w->notified = true;
+        PQfreemem(n);
+    }
+}
+
+/* Run a prepared statement.  The caller checks and clears the result. */
+static PGresult *
+run_prepared(Worker *w, const char *stmt, int nparams, const char *const *values)
+{
+    PGresult *res = PQexecPrepared(w->conn, stmt, nparams, values, NULL, NULL, 0);
+
+    drain_notifies(w);
+    return res;
+}
+
+/* BEGIN, COMMIT, ROLLBACK, LISTEN.  On failure, returns false and leaves the
+ * result in *failed for the caller to report and clear. */
+static bool
+run_command(Worker *w, const char *sql, PGresult **failed)
+{
+    PGresult *res = PQexec(w->conn, sql);
+
+    drain_notifies(w);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK)
+    {
+        *failed = res;
+        return false;
+    }
+    PQclear(res);
+    return true;
+}
+
+/*
+ * A single-value query: next_due(), events_left(), requeue_expired().
+ * Returns 1 with *value set, 0 for NULL, -1 on error (reported, or left in
+ * *failed when the caller wants to look at it).
+ */
+static int
+query_value(Worker *w, const char *stmt, double *value, PGresult **failed)
+{
+    PGresult *res = run_prepared(w, stmt, 0, NULL);
+    int rc;
+
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 ||
+        PQnfields(res) != 1)
+    {
+        if (failed != NULL && PQresultStatus(res) != PGRES_TUPLES_OK)
+        {
+            *failed = res;
+            return -1;
+        }
+        if (PQresultStatus(res) == PGRES_TUPLES_OK)
+            log_error(w->num, "%s: expected one value, got %d rows of %d columns",
+                      stmt, PQntuples(res), PQnfields(res));
+        else
+            report_pg_error(w, stmt, res);
+        PQclear(res);
+        return -1;
+    }
+    rc = PQgetisnull(res, 0, 0) ? 0 : 1;
+    if (rc == 1)
+        *value = strtod(PQgetvalue(res, 0, 0), NULL);
+    PQclear(res);
+    return rc;
+}
+
+/* Server notices and warnings, and a FATAL that arrives while the worker
+ * is idle, with the worker's number (libpq's default prints them bare). */
+static void
+on_notice(void *arg, const char *message)
+{
+    const Worker *w = arg;
+
+    log_error(w->num, "%.*s", msg_len(message), message);
+}
+
+static bool
+worker_connect(Worker *w)
+{
+    /* fallback_application_name yields to one in the DSN; client_encoding
+     * comes after the DSN so it wins: payloads are sent as UTF-8 JSON. */
+    static const char *const keys[] = {
+        "fallback_application_name", "dbname", "client_encoding", NULL
+    };
+    const char *const values[] = {"ratebucket-dispatcher", opt.dsn, "UTF8", NULL};
+    PGresult *res = NULL;
+
+    w->conn = PQconnectdbParams(keys, values, 1);
+    if (w->conn == NULL)
+        out_of_memory();
+    PQsetNoticeProcessor(w->conn, on_notice, w);
+    if (PQstatus(w->conn) != CONNECTION_OK)
+    {
+        const char *msg = PQerrorMessage(w->conn);
+
+        log_error(w->num, "could not connect to PostgreSQL: %.*s", msg_len(msg), msg);
+        return false;
+    }
+    for (size_t i = 0; i < sizeof(statements) / sizeof(statements[0]); i++)
+    {
+        res = PQprepare(w->conn, statements[i].name, statements[i].sql,
+                        statements[i].nparams, NULL);
+        if (PQresultStatus(res) != PGRES_COMMAND_OK)
+        {
+            char what[64];
+
+            snprintf(what, sizeof(what), "preparing %s", statements[i].name);
+            report_pg_error(w, what, res);
+            PQclear(res);
+            return false;
+        }
+        PQclear(res);
+    }
+    if (!run_command(w, "LISTEN " CHANNEL, &res))
+    {
+        report_pg_error(w, "LISTEN " CHANNEL, res);
+        PQclear(res);
+        return false;
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------- HTTP -- */
+
+#define TRY_SETOPT(w, h, option, value) \
+    do { \
+        CURLcode rc_ = curl_easy_setopt((h), (option), (value)); \
+        if (rc_ != CURLE_OK) \
+        { \
+            log_error((w)->num, "curl_easy_setopt(%s): %s", #option, \
+                      curl_easy_strerror(rc_)); \
+            return false; \
+        } \
+    } while (0)
+
+/* Response bodies are read and thrown away (the default writes them to
+ * stdout). */
+static size_t
+discard_body(char *data, size_t size, size_t nmemb, void *arg)
+{
+    return size * nmemb;
+}
+
+static void
+clear_captured(Request *r)
+{
+    for (int i = 0; i < N_CAPTURED; i++)
+    {
+        r->captured[i].present = false;
+        r->captured[i].value.len = 0;
+    }
+}
+
+/* Keep one field's value, trimmed; a repeated field is joined with ", ",
+ * as HTTP combines field lines.  A value is cut at MAX_HEADER_VALUE bytes
+ * (sane ones are short), so a destination cannot make it grow unbounded. */
+static void
+capture(Captured *c, const char *name, size_t namelen,
+        const char *value, const char *end)
+{
+    size_t n;
+
+    while (value < end && (*value == ' ' || *value == '\t'))
+        value++;
+    while (end > value && (end[-1] == '\r' || end[-1] == '\n' ||
+                           end[-1] == ' ' || end[-1] == '\t'))
+        end--;
+    if (!c->present)
+    {
+        memcpy(c->name, name, namelen);
+        c->name[namelen] = '\0';
+        c->present = true;
+        buf_reset(&c->value);
+    }
+    else
+        buf_append(&c->value, ", ", 2);
+    n = (size_t) (end - value);
+    if (c->value.len + n > MAX_HEADER_VALUE)
+        n = c->value.len < MAX_HEADER_VALUE ? MAX_HEADER_VALUE - c->value.len : 0;
+    buf_append(&c->value, value, n);
+}
+
+/*
+ * libcurl calls this once per header line of the response.  A status line
+ * begins a new response: after a 1xx interim response only the final
+ * response's fields count.
+ */
+static size_t
+on_header(char *data, size_t size, size_t nitems, void *arg)
+{
+    Request *r = arg;
+    size_t len = size * nitems;
+    const char *colon;
+    size_t namelen;
+
+    if (len >= 5 && memcmp(data, "HTTP/", 5) == 0)
+    {
+        clear_captured(r);
+        return len;
+    }
+    colon = memchr(data, ':', len);
+    if (colon == NULL)
+        return len;             /* the blank line that ends the header */
+    namelen = (size_t) (colon - data);
+    for (int i = 0; i < N_CAPTURED; i++)
+    {
+        if (strlen(captured_names[i]) == namelen &&
+            strncasecmp(data, captured_names[i], namelen) == 0)
+        {
+            capture(&r->captured[i], data, namelen, colon + 1, data + len);
+            break;
+        }
+    }
+    return len;
+}
+
+/* The options every request of this handle shares, set once. */
+static bool
+request_init(Worker *w, Request *r)
+{
+    long connect_ms = opt.timeout_ms < CONNECT_TIMEOUT_MS ? opt.timeout_ms : CONNECT_TIMEOUT_MS;
+
+    r->easy = curl_easy_init();
+    if (r->easy == NULL)
+    {
+        log_error(w->num, "curl_easy_init failed");
+        return false;
+    }
+    /* no signals: libcurl would otherwise use SIGALRM for DNS timeouts,
+     * which is unsafe with threads */
+    TRY_SETOPT(w, r->easy, CURLOPT_NOSIGNAL, 1L);
+    TRY_SETOPT(w, r->easy, CURLOPT_TIMEOUT_MS, (long) opt.timeout_ms);
+    TRY_SETOPT(w, r->easy, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
+    TRY_SETOPT(w, r->easy, CURLOPT_WRITEFUNCTION, discard_body);
+    TRY_SETOPT(w, r->easy, CURLOPT_HEADERFUNCTION, on_header);
+    TRY_SETOPT(w, r->easy, CURLOPT_HEADERDATA, r);
+    TRY_SETOPT(w, r->easy, CURLOPT_PRIVATE, r);
+    TRY_SETOPT(w, r->easy, CURLOPT_ERRORBUFFER, r->error);
+    TRY_SETOPT(w, r->easy, CURLOPT_USERAGENT, USER_AGENT);
+    /* a redirect is an answer (3xx, neutral), not a new destination */
+    TRY_SETOPT(w, r->easy, CURLOPT_FOLLOWLOCATION, 0L);
+    /* the endpoint comes from a table: http and https only, never file:// */
+#if LIBCURL_VERSION_NUM >= 0x075500
+    TRY_SETOPT(w, r->easy, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+    TRY_SETOPT(w, r->easy, CURLOPT_PROTOCOLS, (long) (CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+    return true;
+}
+
+static bool
+add_header(Request *r, const char *line)
+{
+    struct curl_slist *l = curl_slist_append(r->headers, line);
+
+    if (l == NULL)
+        return false;
+    r->headers = l;
+    return true;
+}
+
+/* Set up the request for one claimed event and hand it to the multi handle. */
+static bool
+start_request(Worker *w, Request *r, int row)
+{
+    const PGresult *b = w->batch;
+    const char *id = PQgetvalue(b, row, COL_ID);
+    long attempt = strtol(PQgetvalue(b, row, COL_ATTEMPTS), NULL, 10) + 1;
+    const char *body = PQgetvalue(b, row, COL_PAYLOAD);
+    curl_off_t body_len = PQgetlength(b, row, COL_PAYLOAD);
+    char line[64];
+    CURLMcode mc;
+
+    if (PQgetisnull(b, row, COL_PAYLOAD))
+    {
+        body = "null";
+        body_len = 4;
+    }
+    r->row = row;
+    r->result = CURLE_OK;
+    r->status = 0;
+    r->sent = true;
+    r->error[0] = '\0';
+    clear_captured(r);
+
+    if (!add_header(r, "Content-Type: application/json"))
+        goto no_memory;
+    snprintf(line, sizeof(line), "X-Event-Id: %s", id);
+    if (!add_header(r, line))
+        goto no_memory;
+    snprintf(line, sizeof(line), "X-Attempt: %ld", attempt);
+    if (!add_header(r, line))
+        goto no_memory;
+    /* no "Expect: 100-continue" round trip before the body */
+    if (!add_header(r, "Expect:"))
+        goto no_memory;
+
+    TRY_SETOPT(w, r->easy, CURLOPT_URL, PQgetvalue(b, row, COL_ENDPOINT));
+    TRY_SETOPT(w, r->easy, CURLOPT_HTTPHEADER, r->headers);
+    /* not copied: the body lives in the claim's PGresult until recorded */
+    TRY_SETOPT(w, r->easy, CURLOPT_POSTFIELDSIZE_LARGE, body_len);
+    TRY_SETOPT(w, r->easy, CURLOPT_POSTFIELDS, body);
+
+    mc = curl_multi_add_handle(w->multi, r->easy);
+    if (mc != CURLM_OK)
+    {
+        log_error(w->num, "curl_multi_add_handle: %s", curl_multi_strerror(mc));
+        return false;
+    }
+    r->active = true;
+    return true;
+
+no_memory:
+    log_error(w->num, "curl_slist_append: out of memory");
+    return false;
+}
+
+/*
+ * Did the request leave?  Not if curl could not resolve the host or connect
+ * to it, nor if it timed out before writing a byte of the request (in the
+ * connect).  In those cases the destination never saw it, so the attempt
+ * must not count.  Any other outcome (an answer, a timeout after sending, a
+ * reset) may have reached the destination.
+ */
+static bool
+request_left(CURL *easy, CURLcode result)
+{
+    long request_bytes = -1;
+
+    switch (result)
+    {
+        case CURLE_COULDNT_RESOLVE_HOST:
+        case CURLE_COULDNT_CONNECT:
+            return false;
+        case CURLE_OPERATION_TIMEDOUT:
+            return !(curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &request_bytes) == CURLE_OK &&
+                     request_bytes == 0);
+        default:
+            return true;
+    }
+}
+
+static void
+finish_request(Worker *w, Request *r, CURLcode result)
+{
+    long status = 0;
+    CURLMcode mc;
+
+    r->result = result;
+    r->sent = request_left(r->easy, result);
+    if (curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status) != CURLE_OK)
+        status = 0;
+    /*
+     * A final status that arrived is the destination's answer, even if the
+     * rest of the response was then cut off.  A 1xx alone is no answer.
+     */
+    if (!r->sent || (result != CURLE_OK && status < 200))
+        status = 0;
+    r->status = status;
+    mc = curl_multi_remove_handle(w->multi, r->easy);
+    if (mc != CURLM_OK)
+        log_error(w->num, "curl_multi_remove_handle: %s", curl_multi_strerror(mc));
+    r->active = false;
+    curl_slist_free_all(r->headers);
+    r->headers = NULL;
+}
+
+/* Finish the requests libcurl reports done. */
+static void
+collect_finished(Worker *w)
+{
+    CURLMsg *m;
+    int left;
+
+    while ((m = curl_multi_info_read(w->multi, &left)) != NULL)
+    {
+        char *p = NULL;
+
+        if (m->msg != CURLMSG_DONE)
+            continue;
+        if (curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, &p) != CURLE_OK || p == NULL)
+        {
+            log_error(w->num, "a finished transfer without its request");
+            continue;
+        }
+        /* m is invalid once its handle is removed: pass its result on */
+        finish_request(w, (Request *) p, m->data.result);
+    }
+}
+
+/* At most one transport error line per worker per second, with a count of
+ * those not shown: a destination that is down fails every request. */
+static void
+log_transport_error(Worker *w, const Request *r)
+{
+    double now = now_s();
+
+    if (opt.quiet)
+        return;
+    if (now - w->transport_logged_at < 1.0)
+    {
+        w->transport_unlogged++;
+        return;
+    }
+    log_info(w->num, "event %s to %s: %s (%s)%s",
+             PQgetvalue(w->batch, r->row, COL_ID),
+             PQgetvalue(w->batch, r->row, COL_ENDPOINT),
+             r->error[0] ? r->error : curl_easy_strerror(r->result),
+             !r->sent ? "not sent" : r->status ? "answered" : "no response",
+             w->transport_unlogged ? " (and more, not shown)" : "");
+    w->transport_logged_at = now;
+    w->transport_unlogged = 0;
+}
+
+/*
+ * Deliver the claimed batch: all its requests at once on the worker's multi
+ * handle, which keeps connections alive from one batch to the next.
+ * Returns when every request has an outcome.
+ */
+static void
+deliver(Worker *w, int n, Stats *st)
+{
+    int running = 0;
+
+    for (int i = 0; i < n; i++)
+    {
+        Request *r = &w->requests[i];
+
+        if (!start_request(w, r, i))
+        {
+            /* it never left: recorded as not sent */
+            curl_slist_free_all(r->headers);
+            r->headers = NULL;
+            r->result = CURLE_FAILED_INIT;
+            r->sent = false;
+            r->status = 0;
+        }
+    }
+
+    for (;;)
+    {
+        CURLMcode mc = curl_multi_perform(w->multi, &running);
+
+        if (mc != CURLM_OK)
+        {
+            log_error(w->num, "curl_multi_perform: %s", curl_multi_strerror(mc));
+            break;
+        }
+        collect_finished(w);
+        if (running == 0)
+            break;
+        mc = curl_multi_poll(w->multi, NULL, 0, 1000, NULL);
+        if (mc != CURLM_OK)
+        {
+            log_error(w->num, "curl_multi_poll: %s", curl_multi_strerror(mc));
+            break;
+        }
+    }
+
+    for (int i = 0; i < n; i++)
+    {
+        Request *r = &w->requests[i];
+
+        if (r->active)
+        {
+            /* only after a libcurl error above: whether it left is unknown,
+             * so it counts as an attempt without an answer */
+            finish_request(w, r, CURLE_SEND_ERROR);
+            r->sent = true;
+        }
+        if (!r->sent)
+            st->not_sent++;
+        else if (r->status == 0)
+            st->no_response++;
+        else if (r->status >= 200 && r->status < 300)
+            st->http_2xx++;
+        else if (r->status == 429)
+            st->http_429++;
+        else if (r->status >= 500 && r->status < 600)
+            st->http_5xx++;
+        else
+            st->http_other++;
+        if (r->result != CURLE_OK)
+            log_transport_error(w, r);
+    }
+}
+
+/* ------------------------------------------------------------- record -- */
+
+/* record_delivery's retry_after: the raw Retry-After value, or NULL. */
+static const char *
+retry_after_arg(Worker *w, const Request *r)
+{
+    const Captured *c = &r->captured[H_RETRY_AFTER];
+
+    if (!c->present)
+        return NULL;
+    buf_reset(&w->text);
+    append_latin1_as_utf8(&w->text, c->value.data, c->value.len);
+    return w->text.data;
+}
+
+/* record_delivery's headers: {"X-RateLimit-Remaining": "0", ...} of the
+ * rate-limit fields received, or NULL when there were none. */
+static const char *
+headers_arg(Worker *w, const Request *r)
+{
+    bool any = false;
+
+    buf_reset(&w->json);
+    buf_putc(&w->json, '{');
+    for (int i = 0; i < N_CAPTURED; i++)
+    {
+        const Captured *c = &r->captured[i];
+
+        if (i == H_RETRY_AFTER || !c->present)
+            continue;
+        if (any)
+            buf_append(&w->json, ", ", 2);
+        append_json_string(&w->json, c->name, strlen(c->name));
+        buf_append(&w->json, ": ", 2);
+        append_json_string(&w->json, c->value.data, c->value.len);
+        any = true;
+    }
+    buf_putc(&w->json, '}');
+    return any ? w->json.data : NULL;
+}
+
+/* The batch's event ids as an array literal: {1,2,3}. */
+static const char *
+batch_ids_arg(Worker *w, int n)
+{
+    buf_reset(&w->ids);
+    buf_putc(&w->ids, '{');
+    for (int i = 0; i < n; i++)
+    {
+        const char *id = PQgetvalue(w->batch, i, COL_ID);
+
+        if (i > 0)
+            buf_putc(&w->ids, ',');
+        buf_append(&w->ids, id, strlen(id));
+    }
+    buf_putc(&w->ids, '}');
+    return w->ids.data;
+}
+
+/*
+ * Record the outcomes of a delivered batch in one transaction.  Returns 0
+ * once committed (outcomes added to *st), 1 after a serialization failure
+ * or a deadlock (rolled back; may be run again), -1 on any other error.
+ * Errors are reported.
+ *
+ * Lock order.  Every transaction takes event rows first, then buckets in
+ * endpoint order; otherwise workers deadlock, and PostgreSQL notices only
+ * after deadlock_timeout (1 s), stalling both.  A claim holds event-row
+ * locks while it waits for bucket locks: its own events, and also events
+ * other workers claimed since its snapshot (under READ COMMITTED, FOR
+ * UPDATE SKIP LOCKED locks the newest version of a row it saw as pending,
+ * and keeps that lock when the row turns out not to qualify).
+ * record_delivery locks its event, then the event's bucket.  Called one
+ * after the other, they would hold bucket A while waiting for event 2,
+ * held by a claim that waits for bucket A.  So the batch's events are all
+ * locked first, in id order, and then recorded in the claim's order,
+ * which is endpoint order (see statements[]).
+ */
+static int
+record_batch(Worker *w, int n, Stats *st)
+{
+    Stats tally = {0};
+    PGresult *res = NULL;
+    char what[96] = "BEGIN";
+    int rc;
+
+    if (!run_command(w, "BEGIN", &res))
+        goto fail;
+    {
+        const char *ids = batch_ids_arg(w, n);
+
+        snprintf(what, sizeof(what), "locking the batch's events");
+        res = run_prepared(w, "lock_events", 1, &ids);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK)
+            goto fail;
+        PQclear(res);
+    }
+    for (int i = 0; i < n; i++)
+    {
+        const Request *r = &w->requests[i];
+        char status[24];
+        const char *values[5];
+
+        values[0] = PQgetvalue(w->batch, r->row, COL_ID);
+        values[1] = NULL;
+        if (r->status > 0)
+        {
+            snprintf(status, sizeof(status), "%ld", r->status);
+            values[1] = status;
+        }
+        values[2] = retry_after_arg(w, r);
+        values[3] = headers_arg(w, r);
+        values[4] = r->sent ? "true" : "false";
+
+        snprintf(what, sizeof(what), "record_delivery(event %s)", values[0]);
+        res = run_prepared(w, "record", 5, values);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK)
+            goto fail;
+        if (PQntuples(res) != 1 || PQnfields(res) != 1)
+        {
+            log_error(w->num, "%s: expected one value, got %d rows of %d columns",
+                      what, PQntuples(res), PQnfields(res));
+            PQclear(res);
+            res = NULL;
+            goto fail;
+        }
+        stats_add_outcome(&tally, PQgetisnull(res, 0, 0) ? "(null)" : PQgetvalue(res, 0, 0), 1);
+        tally.recorded++;
+        PQclear(res);
+    }
+    snprintf(what, sizeof(what), "COMMIT");
+    if (!run_command(w, "COMMIT", &res))
+        goto fail;
+    stats_add(st, &tally);
+    return 0;
+
+fail:
+    rc = retryable(res) ? 1 : -1;
+    if (res != NULL)
+        report_pg_error(w, what, res);
+    PQclear(res);
+    if (PQstatus(w->conn) == CONNECTION_OK &&
+        PQtransactionStatus(w->conn) != PQTRANS_IDLE)
+    {
+        res = NULL;
+        if (!run_command(w, "ROLLBACK", &res))
+        {
+            report_pg_error(w, "ROLLBACK", res);
+            PQclear(res);
+            return -1;
+        }
+    }
+    return PQstatus(w->conn) == CONNECTION_OK ? rc : -1;
+}
+
+static int
+record(Worker *w, int n, Stats *st)
+{
+    int rc = record_batch(w, n, st);
+
+    if (rc > 0)
+    {
+        log_error(w->num, "recording the batch again, once");
+        rc = record_batch(w, n, st);
+    }
+    if (rc != 0)
+        log_error(w->num, "%d delivered event%s not recorded: delivered again"
+                  " once the lease expires", n, n == 1 ? "" : "s");
+    return rc == 0 ? 0 : -1;
+}
+
+/* -------------------------------------------------------------- claim -- */
+
+/* Claim a batch into w->batch.  Returns its size, or -1 on error. */
+static int
+claim(Worker *w, Stats *st)
+{
+    char endpoints[16], per[16], lease[32];
+    const char *values[3] = {endpoints, per, lease};
+    PGresult *res;
+
+    snprintf(endpoints, sizeof(endpoints), "%d", opt.endpoints_per_claim);
+    snprintf(per, sizeof(per), "%d", opt.per_endpoint);
+    snprintf(lease, sizeof(lease), "%d seconds", opt.lease_seconds);
+
+    PQclear(w->batch);
+    w->batch = NULL;
+    w->notified = false;        /* from now on, a NOTIFY may be news */
+    for (int try = 0;; try++)
+    {
+        res = run_prepared(w, "claim", 3, values);
+        if (PQresultStatus(res) == PGRES_TUPLES_OK)
+            break;
+        if (try == 0 && retryable(res))
+        {
+            report_pg_error(w, "claim_events", res);
+            log_error(w->num, "claiming again, once");
+            PQclear(res);
+            continue;
+        }
+        report_pg_error(w, "claim_events", res);
+        PQclear(res);
+        return -1;
+    }
+    if (PQnfields(res) != N_CLAIM_COLUMNS)
+    {
+        log_error(w->num, "claim_events returned %d columns, expected %d",
+                  PQnfields(res), N_CLAIM_COLUMNS);
+        PQclear(res);
+        return -1;
+    }
+    if (PQntuples(res) > w->nrequests)
+    {
+        /* claim_events returns at most max_endpoints x per_endpoint */
+        log_error(w->num, "claim_events returned %d events, more than the %d asked for",
+                  PQntuples(res), w->nrequests);
+        PQclear(res);
+        return -1;
+    }
+    w->batch = res;
+    st->claims++;
+    if (PQntuples(res) > 0)
+    {
+        st->claims_nonempty++;
+        st->claimed += PQntuples(res);
+    }
+    return PQntuples(res);
+}
+
+/*
+ * requeue_expired() every REQUEUE_EVERY_MS, by whichever worker comes first
+ * (compare-and-swap on the schedule), so it keeps running even if a worker
+ * died.  A deadlock or serialization failure here is harmless: it runs again
+ * at the next period.
+ */
+static int
+maybe_requeue(Worker *w)
+{
+    long long now = now_ms();
+    long long due = atomic_load(&next_requeue_ms);
+    PGresult *failed = NULL;
+    double n = 0;
+
+    if (now < due ||
+        !atomic_compare_exchange_strong(&next_requeue_ms, &due, now + REQUEUE_EVERY_MS))
+        return 0;
+    if (query_value(w, "requeue_expired", &n, &failed) < 0)
+    {
+        if (failed == NULL)
+            return -1;
+        report_pg_error(w, "requeue_expired", failed);
+        if (retryable(failed))
+        {
+            PQclear(failed);
+            return 0;
+        }
+        PQclear(failed);
+        return -1;
+    }
+    if (n > 0)
+        log_info(w->num, "requeue_expired() put back %.0f event%s whose lease expired",
+                 n, n == 1 ? "" : "s");
+    return 0;
+}
+
+/* -------------------------------------------------------------- sleep -- */
+
+/*
+ * Sleep until a NOTIFY arrives (no earlier than min_s: see worker_loop), or
+ * for wait_s, or until a stop.  Returns 1 when woken by a NOTIFY, 0
+ * otherwise, -1 if the connection was lost.
+ */
+static int
+wait_for_work(Worker *w, double wait_s, double min_s)
+{
+    double start = now_s();
+    double deadline = start + wait_s;
+    double earliest = start + min_s;
+    int sock = PQsocket(w->conn);
+
+    if (sock < 0)
+    {
+        report_pg_error(w, "waiting", NULL);
+        return -1;
+    }
+    for (;;)
+    {
+        double now = now_s();
+        double until = w->notified ? earliest : deadline;
+        struct pollfd fds[2] = {
+            {.fd = sock, .events = POLLIN},
+            {.fd = stop_pipe[0], .events = POLLIN},
+        };
+        int rc;
+
+        if (stop_requested())
+            return 0;
+        if (w->notified && now >= earliest)
+            return 1;
+        if (now >= deadline)
+            return 0;
+        rc = poll(fds, 2, (int) ceil((until - now) * 1000.0));
+        if (rc < 0)
+        {
+            if (errno == EINTR)
+                continue;
+            log_error(w->num, "poll: %s", strerror(errno));
+            return -1;
+        }
+        if (fds[0].revents != 0)
+        {
+            /* read what the server sent: notifications, or the end */
+            if (!PQconsumeInput(w->conn))
+            {
+                report_pg_error(w, "waiting for notifications", NULL);
+                return -1;
+            }
+            drain_notifies(w);
+        }
+    }
+}
+
+/* ------------------------------------------------------------- worker -- */
+
+static bool
+worker_init(Worker *w)
+{
+    int batch = opt.endpoints_per_claim * opt.per_endpoint;
+    CURLMcode mc;
+
+    if (!worker_connect(w))
+        return false;
+    w->multi = curl_multi_init();
+    if (w->multi == NULL)
+    {
+        log_error(w->num, "curl_multi_init failed");
+        return false;
+    }
+    /* keep one idle connection per concurrent request for the next batch */
+    mc = curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, (long) batch);
+    if (mc != CURLM_OK)
+    {
+        log_error(w->num, "curl_multi_setopt: %s", curl_multi_strerror(mc));
+        return false;
+    }
+    w->requests = calloc((size_t) batch, sizeof(Request));
+    if (w->requests == NULL)
+        out_of_memory();
+    for (int i = 0; i < batch; i++)
+    {
+        w->nrequests = i + 1;
+        if (!request_init(w, &w->requests[i]))
+            return false;
+    }
+    log_info(w->num, "connected (backend pid %d)", PQbackendPID(w->conn));
+    return true;
+}
+
+/*
+ * The loop: claim, deliver, record; when there is nothing to claim, sleep
+ * until next_due() or a NOTIFY.
+ *
+ * Never spin.  If next_due() says something is due but the claim keeps
+ * finding nothing (the due events are locked by other workers, or a lease
+ * expired and waits for requeue_expired), the shortest sleep doubles from
+ * 1 ms up to 1 s with each such empty claim, and NOTIFYs wake the worker no
+ * sooner.  It goes back to 1 ms after a claim that returns events, or after
+ * an idle second.
+ */
+static int
+worker_loop(Worker *w)
+{
+    Stats st = {0};
+    double min_sleep = MIN_SLEEP;
+    bool expected_work = false; /* the last wake-up promised something */
+
+    while (!stop_requested())
+    {
+        double due = 0, left = 0;
+        double sleep_s;
+        int n, rc;
+
+        if (maybe_requeue(w) < 0)
+            goto failed;
+        n = claim(w, &st);
+        if (n < 0)
+            goto failed;
+        if (n > 0)
+        {
+            deliver(w, n, &st);
+            rc = record(w, n, &st);
+            stats_flush(&st);
+            if (rc < 0)
+                goto failed;
+            min_sleep = MIN_SLEEP;
+            continue;
+        }
+        stats_flush(&st);
+
+        /* nothing claimable */
+        min_sleep = expected_work ? fmin(min_sleep * 2, MAX_SLEEP) : MIN_SLEEP;
+        if (opt.until_empty)
+        {
+            if (query_value(w, "events_left", &left, NULL) < 0)
+                goto failed;
+            if (left == 0)
+            {
+                request_stop("no events left");
+                break;
+            }
+        }
+        rc = query_value(w, "next_due", &due, NULL);
+        if (rc < 0)
+            goto failed;
+        if (rc == 0)            /* NULL: nothing pending */
+            sleep_s = MAX_SLEEP;
+        else
+            sleep_s = fmin(fmax(due, min_sleep), MAX_SLEEP);
+        expected_work = rc == 1 && due < MAX_SLEEP;
+        rc = wait_for_work(w, sleep_s, min_sleep);
+        if (rc < 0)
+            goto failed;
+        if (rc > 0)
+            expected_work = true;
+    }
+    return 0;
+
+failed:
+    stats_flush(&st);
+    return -1;
+}
+
+static void
+worker_cleanup(Worker *w)
+{
+    for (int i = 0; i < w->nrequests; i++)
+    {
+        Request *r = &w->requests[i];
+
+        if (r->active)
+            curl_multi_remove_handle(w->multi, r->easy);
+        curl_easy_cleanup(r->easy);
+        curl_slist_free_all(r->headers);
+        for (int j = 0; j < N_CAPTURED; j++)
+            buf_free(&r->captured[j].value);
+    }
+    free(w->requests);
+    w->requests = NULL;
+    if (w->multi != NULL)
+    {
+        CURLMcode mc = curl_multi_cleanup(w->multi);
+
+        if (mc != CURLM_OK)
+            log_error(w->num, "curl_multi_cleanup: %s", curl_multi_strerror(mc));
+        w->multi = NULL;
+    }
+    PQclear(w->batch);
+    w->batch = NULL;
+    if (w->conn != NULL)
+        PQfinish(w->conn);
+    w->conn = NULL;
+    buf_free(&w->ids);
+    buf_free(&w->json);
+    buf_free(&w->text);
+}
+
+static void *
+worker_main(void *arg)
+{
+    Worker *w = arg;
+
+    w->failed = !worker_init(w) || worker_loop(w) < 0;
+    if (w->failed)
+        log_error(w->num, "stopped after an error");
+    worker_cleanup(w);
+    atomic_fetch_sub(&workers_running, 1);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- main -- */
+
+static void
+print_progress(double *last_t, long long *last_recorded)
+{
+    Stats s;
+    double t = now_s() - start_time;
+
+    stats_snapshot(&s);
+    log_info(-1, "%lld claimed, %lld recorded (%.0f/s); 2xx %lld, 429 %lld, 5xx %lld,"
+             " other %lld, no response %lld, not sent %lld",
+             s.claimed, s.recorded,
+             t > *last_t ? (s.recorded - *last_recorded) / (t - *last_t) : 0.0,
+             s.http_2xx, s.http_429, s.http_5xx, s.http_other,
+             s.no_response, s.not_sent);
+    *last_t = t;
+    *last_recorded = s.recorded;
+}
+
+/*
+ * The main thread, while the workers run: it takes SIGINT and SIGTERM
+ * (blocked everywhere, so they queue for sigtimedwait), enforces
+ * --max-seconds and prints progress.
+ */
+static void
+supervise(const sigset_t *signals)
+{
+    double next_progress = start_time + PROGRESS_EVERY_S;
+    double last_t = 0;
+    long long last_recorded = 0;
+    int received = 0;
+
+    while (atomic_load(&workers_running) > 0)
+    {
+        struct timespec tick = {0, 100 * 1000 * 1000};
+        int sig = sigtimedwait(signals, NULL, &tick);
+        double now;
+
+        if (sig > 0)
+        {
+            if (++received == 1)
+                request_stop(sig == SIGINT ? "SIGINT" : "SIGTERM");
+            else
+            {
+                log_error(-1, "second signal: exiting now; the events in flight"
+                          " go back to the queue when their leases expire");
+                _exit(128 + sig);
+            }
+        }
+        else if (errno != EAGAIN && errno != EINTR)
+            log_error(-1, "sigtimedwait: %s", strerror(errno));
+        now = now_s();
+        if (opt.max_seconds > 0 && now - start_time >= opt.max_seconds)
+            request_stop("--max-seconds");
+        if (!opt.quiet && now >= next_progress)
+        {
+            print_progress(&last_t, &last_recorded);
+            next_progress += PROGRESS_EVERY_S;
+        }
+    }
+}
+
+static int
+compare_outcomes(const void *a, const void *b)
+{
+    return strcmp(((const OutcomeCount *) a)->name, ((const OutcomeCount *) b)->name);
+}
+
+static void
+print_summary(double elapsed, int failed)
+{
+    Stats s;
+
+    stats_snapshot(&s);
+    qsort(s.outcomes, (size_t) s.noutcomes, sizeof(s.outcomes[0]), compare_outcomes);
+    printf("dispatcher: %d workers (%d failed), stopped by: %s\n",
+           opt.workers, failed, stop_reason ? stop_reason : "worker errors");
+    printf("  claims             %12lld  (%lld returned events)\n",
+           s.claims, s.claims_nonempty);
+    printf("  events claimed     %12lld\n", s.claimed);
+    printf("  events recorded    %12lld\n", s.recorded);
+    printf("  HTTP 2xx           %12lld\n", s.http_2xx);
+    printf("  HTTP 429           %12lld\n", s.http_429);
+    printf("  HTTP 5xx           %12lld\n", s.http_5xx);
+    printf("  HTTP other         %12lld\n", s.http_other);
+    printf("  no response        %12lld\n", s.no_response);
+    printf("  not sent           %12lld\n", s.not_sent);
+    for (int i = 0; i < s.noutcomes; i++)
+        printf("  outcome %-10s %12lld\n", s.outcomes[i].name, s.outcomes[i].count);
+    if (s.outcomes_other > 0)
+        printf("  outcome (others)   %12lld\n", s.outcomes_other);
+    printf("  elapsed seconds    %12.2f\n", elapsed);
+    printf("  events/s           %12.1f\n", elapsed > 0 ? s.recorded / elapsed : 0.0);
+    fflush(stdout);
+}
+
+static void
+usage(FILE *f)
+{
+    fprintf(f,
+            "usage: dispatcher --dsn DSN [--workers 4] [--endpoints-per-claim 8]\n"
+            "                  [--per-endpoint 10] [--lease-seconds 30] [--timeout-ms 5000]\n"
+            "                  [--until-empty] [--max-seconds N] [--quiet]\n"
+            "Delivers the events of webhook_events (demo/queue.sql) over HTTP.\n");
+}
+
+static int
+parse_int_option(const char *name, const char *s, long min, long max)
+{
+    char *end;
+    long v;
+
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || errno != 0 || v < min || v > max)
+    {
+        fprintf(stderr, "dispatcher: --%s must be an integer from %ld to %ld\n",
+                name, min, max);
+        exit(EXIT_USAGE);
+    }
+    return (int) v;
+}
+
+static void
+parse_options(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"dsn", required_argument, NULL, 'd'},
+        {"workers", required_argument, NULL, 'w'},
+        {"endpoints-per-claim", required_argument, NULL, 'e'},
+        {"per-endpoint", required_argument, NULL, 'p'},
+        {"lease-seconds", required_argument, NULL, 'l'},
+        {"timeout-ms", required_argument, NULL, 't'},
+        {"until-empty", no_argument, NULL, 'u'},
+        {"max-seconds", required_argument, NULL, 'm'},
+        {"quiet", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}
+    };
+    int c;
+    char *end;
+
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1)
+    {
+        switch (c)
+        {
+            case 'd':
+                opt.dsn = optarg;
+                break;
+            case 'w':
+                opt.workers = parse_int_option("workers", optarg, 1, 256);
+                break;
+            case 'e':
+                opt.endpoints_per_claim = parse_int_option("endpoints-per-claim", optarg, 1, 1000);
+                break;
+            case 'p':
+                opt.per_endpoint = parse_int_option("per-endpoint", optarg, 1, 1000);
+                break;
+            case 'l':
+                opt.lease_seconds = parse_int_option("lease-seconds", optarg, 1, 86400);
+                break;
+            case 't':
+                opt.timeout_ms = parse_int_option("timeout-ms", optarg, 1, 3600000);
+                break;
+            case 'u':
+                opt.until_empty = true;
+                break;
+            case 'm':
+                errno = 0;
+                opt.max_seconds = strtod(optarg, &end);
+                if (end == optarg || *end != '\0' || errno != 0 ||
+                    !(opt.max_seconds > 0) || !isfinite(opt.max_seconds))
+                {
+                    fprintf(stderr, "dispatcher: --max-seconds must be a positive number\n");
+                    exit(EXIT_USAGE);
+                }
+                break;
+            case 'q':
+                opt.quiet = true;
+                break;
+            case 'h':
+                usage(stdout);
+                exit(0);
+            default:
+                usage(stderr);
+                exit(EXIT_USAGE);
+        }
+    }
+    if (optind < argc || opt.dsn == NULL)
+    {
+        if (opt.dsn == NULL)
+            fprintf(stderr, "dispatcher: --dsn is required ('' to use the PG* environment)\n");
+        else
+            fprintf(stderr, "dispatcher: unexpected argument \"%s\"\n", argv[optind]);
+        usage(stderr);
+        exit(EXIT_USAGE);
+    }
+    if (opt.endpoints_per_claim * opt.per_endpoint > MAX_BATCH)
+    {
+        fprintf(stderr, "dispatcher: --endpoints-per-claim x --per-endpoint must be at most %d\n",
+                MAX_BATCH);
+        exit(EXIT_USAGE);
+    }
+    /* the requests of a batch run concurrently: a batch lasts at most one
+     * timeout, plus the claim and the record */
+    if ((long) opt.lease_seconds * 1000 < (long) opt.timeout_ms + 1000)
+    {
+        fprintf(stderr, "dispatcher: --lease-seconds must outlast --timeout-ms by at least"
+                " a second, or other workers could take events still being delivered\n");
+        exit(EXIT_USAGE);
+    }
+}
+
+int
+main(int argc, char **argv)
+{
+    Worker *workers;
+    sigset_t signals;
+    struct sigaction ignore = {.sa_handler = SIG_IGN};
+    CURLcode cc;
+    int failed = 0;
+    double elapsed;
+
+    parse_options(argc, argv);
+
+    if (!PQisthreadsafe())
+    {
+        fputs("dispatcher: this libpq is not thread-safe\n", stderr);
+        return EXIT_FAILED;
+    }
+    /* once, before any thread: it is not thread-safe */
+    cc = curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (cc != CURLE_OK)
+    {
+        fprintf(stderr, "dispatcher: curl_global_init: %s\n", curl_easy_strerror(cc));
+        return EXIT_FAILED;
+    }
+    if (pipe(stop_pipe) != 0)
+    {
+        fprintf(stderr, "dispatcher: pipe: %s\n", strerror(errno));
+        return EXIT_FAILED;
+    }
+    /* a destination or the server hanging up must not kill the process */
+    if (sigaction(SIGPIPE, &ignore, NULL) != 0)
+    {
+        fprintf(stderr, "dispatcher: sigaction: %s\n", strerror(errno));
+        return EXIT_FAILED;
+    }
+    /* block SIGINT and SIGTERM in every thread (they inherit the mask);
+     * supervise() takes them with sigtimedwait */
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    if (pthread_sigmask(SIG_BLOCK, &signals, NULL) != 0)
+    {
+        fputs("dispatcher: pthread_sigmask failed\n", stderr);
+        return EXIT_FAILED;
+    }
+
+    workers = calloc((size_t) opt.workers, sizeof(Worker));
+    if (workers == NULL)
+        out_of_memory();
+    start_time = now_s();
+    atomic_store(&workers_running, opt.workers);
+    for (int i = 0; i < opt.workers; i++)
+    {
+        int rc;
+
+        workers[i].num = i;
+        workers[i].transport_logged_at = -1e9;
+        rc = pthread_create(&workers[i].thread, NULL, worker_main, &workers[i]);
+        if (rc != 0)
+        {
+            log_error(i, "could not start: %s", strerror(rc));
+            workers[i].failed = true;
+            atomic_fetch_sub(&workers_running, 1);
+            request_stop("a worker could not start");
+            continue;
+        }
+        workers[i].started = true;
+    }
+
+    supervise(&signals);
+
+    for (int i = 0; i < opt.workers; i++)
+    {
+        if (workers[i].started)
+            pthread_join(workers[i].thread, NULL);
+        if (workers[i].failed)
+            failed++;
+    }
+    elapsed = now_s() - start_time;
+    print_summary(elapsed, failed);
+
+    free(workers);
+    close(stop_pipe[0]);
+    close(stop_pipe[1]);
+    curl_global_cleanup();
+    return failed > 0 ? EXIT_FAILED : 0;
+}
