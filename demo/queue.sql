@@ -147,7 +147,15 @@ LANGUAGE sql IMMUTABLE
 AS $$ SELECT least(30.0, 0.5 * 2 ^ least(greatest(attempts - 1, 0), 10)) $$;
 
 -- record_delivery: what came back for one claimed event.  Call it for every
--- event of a batch in one transaction, after the requests, never during.
+-- event of a batch in one transaction, after the requests, never during,
+-- and take that transaction's locks in the claim's order: first lock all the
+-- batch's events (SELECT ... WHERE id = ANY (...) ORDER BY id FOR UPDATE),
+-- then call record_delivery in endpoint order.  record_delivery locks its
+-- event, then its bucket; called one after the other without that first
+-- lock, a batch would hold bucket A while waiting for an event that a
+-- concurrent claim holds while it waits for bucket A (a claim's FOR UPDATE
+-- SKIP LOCKED keeps the lock on a row that another worker claimed since its
+-- snapshot): a deadlock, found only after deadlock_timeout.
 --
 -- http_status NULL means no response (timeout, reset, refused); sent false
 -- means the request never left (could not connect): then the attempt does
@@ -157,8 +165,10 @@ AS $$ SELECT least(30.0, 0.5 * 2 ^ least(greatest(attempts - 1, 0), 10)) $$;
 --   429, 503 + Retry-After, failures (5xx, timeouts): pending again, due
 --                       after the cooldown or a backoff, up to max_attempts;
 --   other statuses      (4xx: the request's own fault) failed at once.
--- Returns the outcome, or 'stale' if the event is no longer this worker's
--- (its lease expired and it went back to the queue).
+-- Returns the outcome; 'stale' if the event is no longer this worker's
+-- (its lease expired and it went back to the queue: the destination's answer
+-- is still observed), or 'missing' if it was deleted meanwhile (nothing is
+-- recorded: its endpoint is no longer known).
 CREATE FUNCTION record_delivery(
     event_id bigint,
     http_status int,
@@ -177,8 +187,7 @@ DECLARE
 BEGIN
     SELECT * INTO ev FROM webhook_events WHERE id = event_id FOR UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'event % does not exist', event_id
-            USING ERRCODE = 'no_data_found';
+        RETURN 'missing';
     END IF;
 
     -- what the destination said is true whatever became of the lease
@@ -229,6 +238,7 @@ FROM (SELECT e.endpoint, min(e.next_attempt_at) AS due
       FROM webhook_events e
       WHERE e.status = 'pending'
       GROUP BY e.endpoint) p
+HAVING count(*) > 0
 $$;
 
 -- requeue_expired: events whose lease ran out (their worker died or hung)

@@ -255,6 +255,10 @@ my $back = sql(qq{SELECT round(extract(epoch FROM next_attempt_at - now())::nume
 ok($back >= 7 && $back <= 8, "the throttled event is due after its Retry-After ($back s)");
 ok(sql(q{SELECT next_due() > 1}) eq 't',
 	'next_due: nothing claimable during the cooldown');
+is(sql(qq{SELECT record_delivery(-1, 200)}), 'missing',
+	'an outcome for an event that no longer exists is reported, not an error');
+sql(q{DELETE FROM webhook_events WHERE status = 'pending'});
+is(sql(q{SELECT next_due() IS NULL}), 't', 'next_due: NULL when nothing is pending');
 
 # ------------------------------------------------------------- many workers --
 
