@@ -25,7 +25,7 @@ REGRESS = setup take claim configure admin feedback headers errors privileges up
 REGRESS_OPTS = --inputdir=.
 
 # Isolation specs: test/specs/*.spec, outputs in test/expected/.
-ISOLATION = take-last-token take-refused-nowait ready-nowait configure-take configure-new-endpoint observe-take
+ISOLATION = take-last-token take-refused-nowait ready-nowait take-upto configure-take configure-new-endpoint observe-take
 ISOLATION_OPTS = --inputdir=test --load-extension=$(EXTENSION)
 
 # TAP tests (need libipc-run-perl): load checks, later crash/standby/dump.
