@@ -1,0 +1,92 @@
+# 008_delivery.pl — end to end: the demo's scenario, shorter, over real HTTP.
+#
+# demo/scenario on a server of this test's own: twelve destinations played by
+# demo/simulator (each with its own limiter, some limits below what ratebucket
+# is configured with, 429s in three styles, 5xx, an endpoint unreachable for
+# 10 s, a slow one), the reference dispatcher (demo/dispatcher.c, 8 workers)
+# delivering the queue of demo/queue.sql until it is empty.  The assertions
+# come from the simulator's own log of every request it received, loaded
+# into sim_requests, and are computed by demo/report.sql (the same checks the
+# demo prints); each becomes one test here:
+#
+#   1. every event delivered;
+#   2. none delivered twice (no event id with two 2xx at the destination);
+#   3. attempts = requests the destinations received (a refusal by a bucket
+#      never costs an attempt; a connection refused is not a request);
+#   4. no 429 from destinations whose true limit is at or above the
+#      configured one;
+#   5. per destination, arrivals over any window T within rate*T + capacity,
+#      plus rate*0.25 s for the spread of a batch sent concurrently;
+#   6. destinations configured above their true limit stop answering 429
+#      within 20 s of their first request, and their effective rate ends at
+#      or below the true limit;
+#   7. the unreachable destination tripped its breaker, then got everything.
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+# The dispatcher and the simulator, built against this PostgreSQL's libpq.
+my $pg_config = $ENV{PG_CONFIG} || 'pg_config';
+my ($build_out, $build_err) = run_command(
+	[ 'make', '-C', 'demo', "PG_CONFIG=$pg_config" ]);
+ok(-x 'demo/dispatcher' && -x 'demo/simulator', 'dispatcher and simulator built')
+  or BAIL_OUT("make -C demo failed: $build_err");
+
+my $node = PostgreSQL::Test::Cluster->new('delivery');
+$node->init;
+$node->append_conf('postgresql.conf', qq{
+log_statement = none
+max_connections = 40
+autovacuum_naptime = 2s
+});
+$node->start;
+
+my $work = PostgreSQL::Test::Utils::tempdir();
+my $sim_port = PostgreSQL::Test::Cluster::get_free_port();
+
+my ($stdout, $stderr);
+{
+	local %ENV = (%ENV,
+		PGHOST => $node->host,
+		PGPORT => $node->port,
+		PGDATABASE => 'postgres',
+		DEMO_SCALE => '0.3',
+		DEMO_MAX_SECONDS => '120',
+		SIM_PORT => $sim_port);
+	delete $ENV{PGUSER};
+	IPC::Run::run([ 'demo/scenario', 'demo', $work ],
+		'>', \$stdout, '2>', \$stderr);
+}
+my $rc = $? >> 8;
+note($stdout);
+note($stderr) if $stderr ne '';
+
+# The checks, one test each, whatever the scenario's own exit status said.
+my $checks = $node->safe_psql('postgres',
+	q{SELECT n || '|' || CASE WHEN ok THEN 't' ELSE 'f' END || '|' || name || '|' || detail
+	  FROM demo_checks ORDER BY n});
+my @rows = split /\n/, $checks;
+is(scalar @rows, 7, 'the report made its seven checks');
+for my $row (@rows)
+{
+	my ($n, $ok, $name, $detail) = split /\|/, $row, 4;
+	ok($ok eq 't', "$name: $detail");
+}
+is($rc, 0, 'demo/scenario exited 0 (the dispatcher finished, every check held)');
+
+# The simulator saw traffic on every endpoint, and 429s where limits were
+# configured too high (otherwise checks 4 to 6 would be vacuous).
+is($node->safe_psql('postgres', q{
+SELECT count(DISTINCT endpoint) FROM sim_requests WHERE status BETWEEN 200 AND 299}),
+	'12', 'every destination received deliveries');
+ok($node->safe_psql('postgres', q{
+SELECT count(*) FROM sim_requests r JOIN demo_endpoints d ON d.name = r.endpoint
+WHERE r.status = 429 AND d.true_rate < d.rate}) > 0,
+	'destinations configured above their limit did answer 429 (so convergence was tested)');
+
+$node->stop;
+done_testing();
