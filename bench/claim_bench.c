@@ -8,7 +8,7 @@
  *                 UPDATE webhook_events ... WHERE id IN (SELECT ... LIMIT $batch
  *                 FOR UPDATE SKIP LOCKED) RETURNING id, endpoint
  *   ratebucket  one statement per claim, demo/queue.sql's claim:
- *                 SELECT id, endpoint FROM claim_events($endpoints, $per_endpoint)
+ *                 SELECT id, endpoint FROM claim_events($endpoints * $per_endpoint, $per_endpoint)
  *   redis       a plain claim followed by a per-event check against the Redis
  *               Lua token bucket (bench/token_bucket.lua), in one transaction:
  *                 BEGIN; SELECT ... LIMIT $batch FOR UPDATE SKIP LOCKED;
@@ -107,7 +107,7 @@ static const char plain_sql[] =
 	"RETURNING e.id, e.endpoint";
 
 static const char ratebucket_sql[] =
-	"SELECT id, endpoint FROM claim_events($1, $2)";
+	"SELECT id, endpoint FROM claim_events($1 * $2, $2)";
 
 static const char redis_lock_sql[] =
 	"SELECT id, endpoint FROM webhook_events "

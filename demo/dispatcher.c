@@ -8,7 +8,7 @@
  * each a thread with its own PostgreSQL connection (libpq) and its own HTTP
  * client (a libcurl multi handle), each running this loop:
  *
- *   1. claim    SELECT … FROM claim_events(endpoints, per_endpoint, lease)
+ *   1. claim    SELECT … FROM claim_events(batch, per_endpoint, lease)
  *               One statement in autocommit, so one short transaction: it
  *               locks due events, spends their endpoints' tokens, and marks
  *               them 'sending' with a lease.  Its row and bucket locks last
@@ -54,7 +54,7 @@
  *
  *   --dsn DSN                libpq connection string ('' for the PG* env)
  *   --workers N              worker threads, one connection each (4)
- *   --endpoints-per-claim N  claim_events' max_endpoints (8)
+ *   --batch N                claim_events' batch: events per claim (80)
  *   --per-endpoint N         claim_events' per_endpoint (10)
  *   --lease-seconds N        claim_events' lease; must outlast a request (30)
  *   --timeout-ms N           whole-request timeout (5000); connect: 1000
@@ -115,7 +115,7 @@
 #define MAX_SLEEP 1.0           /* ... and at most 1 s between claims */
 #define REQUEUE_EVERY_MS 5000   /* requeue_expired() period */
 #define PROGRESS_EVERY_S 5.0    /* progress lines, unless --quiet */
-#define MAX_BATCH 10000         /* endpoints-per-claim x per-endpoint */
+#define MAX_BATCH 10000         /* --batch */
 #define MAX_HEADER_VALUE 4096   /* longer captured header values are cut */
 #define MAX_OUTCOMES 16         /* distinct record_delivery outcomes counted */
 #define CHANNEL "webhook_events"    /* queue.sql's trigger NOTIFYs this */
@@ -248,14 +248,14 @@ static struct
 {
     const char *dsn;
     int workers;
-    int endpoints_per_claim;
+    int batch;
     int per_endpoint;
     int lease_seconds;
     int timeout_ms;
     bool until_empty;
     double max_seconds;         /* 0: no limit */
     bool quiet;
-} opt = {NULL, 4, 8, 10, 30, 5000, false, 0, false};
+} opt = {NULL, 4, 80, 10, 30, 5000, false, 0, false};
 
 static double start_time;       /* set before the threads start */
 static atomic_bool stopping;    /* finish the batch in flight, then exit */
@@ -1239,11 +1239,11 @@ record(Worker *w, int n, Stats *st)
 static int
 claim(Worker *w, Stats *st)
 {
-    char endpoints[16], per[16], lease[32];
-    const char *values[3] = {endpoints, per, lease};
+    char batch[16], per[16], lease[32];
+    const char *values[3] = {batch, per, lease};
     PGresult *res;
 
-    snprintf(endpoints, sizeof(endpoints), "%d", opt.endpoints_per_claim);
+    snprintf(batch, sizeof(batch), "%d", opt.batch);
     snprintf(per, sizeof(per), "%d", opt.per_endpoint);
     snprintf(lease, sizeof(lease), "%d seconds", opt.lease_seconds);
 
@@ -1275,7 +1275,7 @@ claim(Worker *w, Stats *st)
     }
     if (PQntuples(res) > w->nrequests)
     {
-        /* claim_events returns at most max_endpoints x per_endpoint */
+        /* claim_events returns at most batch events */
         log_error(w->num, "claim_events returned %d events, more than the %d asked for",
                   PQntuples(res), w->nrequests);
         PQclear(res);
@@ -1389,7 +1389,7 @@ wait_for_work(Worker *w, double wait_s, double min_s)
 static bool
 worker_init(Worker *w)
 {
-    int batch = opt.endpoints_per_claim * opt.per_endpoint;
+    int batch = opt.batch;
     CURLMcode mc;
 
     if (!worker_connect(w))
@@ -1641,7 +1641,7 @@ static void
 usage(FILE *f)
 {
     fprintf(f,
-            "usage: dispatcher --dsn DSN [--workers 4] [--endpoints-per-claim 8]\n"
+            "usage: dispatcher --dsn DSN [--workers 4] [--batch 80]\n"
             "                  [--per-endpoint 10] [--lease-seconds 30] [--timeout-ms 5000]\n"
             "                  [--until-empty] [--max-seconds N] [--quiet]\n"
             "Delivers the events of webhook_events (demo/queue.sql) over HTTP.\n");
@@ -1670,7 +1670,7 @@ parse_options(int argc, char **argv)
     static const struct option longopts[] = {
         {"dsn", required_argument, NULL, 'd'},
         {"workers", required_argument, NULL, 'w'},
-        {"endpoints-per-claim", required_argument, NULL, 'e'},
+        {"batch", required_argument, NULL, 'b'},
         {"per-endpoint", required_argument, NULL, 'p'},
         {"lease-seconds", required_argument, NULL, 'l'},
         {"timeout-ms", required_argument, NULL, 't'},
@@ -1693,8 +1693,8 @@ parse_options(int argc, char **argv)
             case 'w':
                 opt.workers = parse_int_option("workers", optarg, 1, 256);
                 break;
-            case 'e':
-                opt.endpoints_per_claim = parse_int_option("endpoints-per-claim", optarg, 1, 1000);
+            case 'b':
+                opt.batch = parse_int_option("batch", optarg, 1, MAX_BATCH);
                 break;
             case 'p':
                 opt.per_endpoint = parse_int_option("per-endpoint", optarg, 1, 1000);
@@ -1736,12 +1736,6 @@ parse_options(int argc, char **argv)
         else
             fprintf(stderr, "dispatcher: unexpected argument \"%s\"\n", argv[optind]);
         usage(stderr);
-        exit(EXIT_USAGE);
-    }
-    if (opt.endpoints_per_claim * opt.per_endpoint > MAX_BATCH)
-    {
-        fprintf(stderr, "dispatcher: --endpoints-per-claim x --per-endpoint must be at most %d\n",
-                MAX_BATCH);
         exit(EXIT_USAGE);
     }
     /* the requests of a batch run concurrently: a batch lasts at most one

@@ -63,81 +63,125 @@ CREATE TRIGGER webhook_events_notify
     AFTER INSERT ON webhook_events
     FOR EACH STATEMENT EXECUTE FUNCTION webhook_events_notify();
 
--- claim_events: claim up to max_endpoints x per_endpoint events, in one short
--- transaction (call it on its own, in autocommit).
+-- claim_events: claim up to "batch" events, at most per_endpoint of any one
+-- endpoint, in one short transaction (call it on its own, in autocommit).
 --
--- 1. heads: walk the due events in queue order (priority, then due time)
---    without locking, and keep the first event of each endpoint whose bucket
---    holds a token: bucket_claimable answers, once per endpoint, how many of
---    its events to lock (its whole tokens, at most per_endpoint; none in a
---    cooldown, a pause or an open breaker).  Endpoints without tokens are
---    filtered here, before anything is locked, and one busy endpoint appears
---    once: the next endpoints get their turn in the same batch.
--- 2. locked: for each of those endpoints, lock up to that many of its due
---    events, best first, skipping events other workers hold.
--- 3. batches: group them per endpoint, in endpoint order, behind OFFSET 0:
+-- 1. walk: walk the due events in queue order (priority, then due time)
+--    without locking, and keep the first event of each endpoint:
+--    bucket_claimable answers, at an endpoint's first event, how many of its
+--    events to lock (its whole tokens, at most per_endpoint; 0 in a cooldown,
+--    a pause or an open breaker), and NULL at its later events.  One busy
+--    endpoint appears once: the next endpoints get their turn in the batch.
+--    The walk stops after 2 x batch / per_endpoint endpoints (at least 8), or
+--    20 x batch events.
+-- 2. heads: the endpoints holding tokens, in walk order, until their tokens
+--    fill the batch (the last one takes what is left of it).  Endpoints
+--    without one are filtered here, before anything is locked.
+-- 3. locked: for each head, lock up to that many of its due events, best
+--    first, skipping events other workers hold.
+-- 4. batches: group them per endpoint, in endpoint order, behind OFFSET 0:
 --    every lock is taken before any token, and takes follow one order in
 --    every worker, so they cannot deadlock.
--- 4. grants: one bucket_take_upto per endpoint: its tokens for the whole
+-- 5. grants: one bucket_take_upto per endpoint: its tokens for the whole
 --    batch in one row update, granting as many as the bucket holds.
--- 5. deferred: locked events that got no token go back to the queue at the
+-- 6. deferred: locked events that got no token go back to the queue at the
 --    time the next token comes; their attempts do not change.
--- 6. the rest are claimed: status 'sending', leased until now() + lease.
+-- 7. parked: endpoints the walk met without a token (for at least
+--    park_after seconds: by default any): up to park_max of their due events
+--    move to the times their tokens will come, the first when the next token
+--    does (bucket_wait: a cooldown, an open breaker, a pause, or the refill),
+--    the next ones one token apart at the effective rate.  So the next claims
+--    do not walk over them again, lower-priority events of endpoints that
+--    have tokens go meanwhile, and each parked event comes back due about
+--    when it can be sent.  Attempts do not change.  (Locked with SKIP
+--    LOCKED, never waited for, never claimed.)
+-- 8. the rest are claimed: status 'sending', leased until now() + lease.
 --
 -- Tokens are spent only on events returned here: locked rows skipped by
 -- another worker were never counted, and a rollback gives the tokens back.
 CREATE FUNCTION claim_events(
-    max_endpoints int DEFAULT 8,
+    batch int DEFAULT 80,
     per_endpoint int DEFAULT 10,
-    lease interval DEFAULT '30 seconds')
+    lease interval DEFAULT '30 seconds',
+    park_after float8 DEFAULT 0,
+    park_max int DEFAULT 1000)
 RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb)
-LANGUAGE sql VOLATILE
--- The plan is right but, planned for any LIMIT, its cost estimate is huge:
--- never let JIT compile a query that runs in a few milliseconds.
+LANGUAGE plpgsql VOLATILE
+-- Planned for any LIMIT, the statement's cost estimate is huge although it
+-- runs in milliseconds: never let JIT compile it.
 SET jit = off
 AS $$
-WITH heads AS (
-    SELECT h.endpoint, h.n
-    FROM (SELECT e.endpoint,
-                 ratebucket.bucket_claimable(e.endpoint, per_endpoint) AS n
-          FROM webhook_events e
-          WHERE e.status = 'pending' AND e.next_attempt_at <= now()
-          ORDER BY e.priority DESC, e.next_attempt_at) h
-    WHERE h.n > 0
-    LIMIT max_endpoints
-), locked AS (
-    SELECT x.id, x.endpoint, x.priority, x.next_attempt_at
-    FROM heads hd
-    CROSS JOIN LATERAL (
-        SELECT e.id, e.endpoint, e.priority, e.next_attempt_at
-        FROM webhook_events e
-        WHERE e.endpoint = hd.endpoint
-          AND e.status = 'pending' AND e.next_attempt_at <= now()
-        ORDER BY e.priority DESC, e.next_attempt_at
-        LIMIT hd.n
-        FOR UPDATE SKIP LOCKED) x
-), batches AS (
-    SELECT l.endpoint,
-           array_agg(l.id ORDER BY l.priority DESC, l.next_attempt_at, l.id) AS ids
-    FROM locked l
-    GROUP BY l.endpoint
-    ORDER BY l.endpoint
-    OFFSET 0
-), grants AS MATERIALIZED (
-    SELECT b.endpoint, b.ids, t.granted, t.wait_seconds
-    FROM batches b
-    CROSS JOIN LATERAL ratebucket.bucket_take_upto(b.endpoint, cardinality(b.ids)) t
-), deferred AS (
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH walk AS MATERIALIZED (
+        SELECT h.endpoint, h.n, row_number() OVER () AS pos
+        FROM (SELECT f.endpoint, f.n
+              FROM (SELECT e.endpoint,
+                           ratebucket.bucket_claimable(e.endpoint, per_endpoint) AS n
+                    FROM webhook_events e
+                    WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+                    ORDER BY e.priority DESC, e.next_attempt_at
+                    LIMIT 20 * batch) f
+              WHERE f.n IS NOT NULL
+              LIMIT greatest(8, 2 * ceil(batch::float8 / per_endpoint)::int)) h
+    ), heads AS (
+        SELECT r.endpoint, least(r.n, batch - r.before) AS n
+        FROM (SELECT w.endpoint, w.n,
+                     sum(w.n) OVER (ORDER BY w.pos) - w.n AS before
+              FROM walk w WHERE w.n > 0) r
+        WHERE r.before < batch
+    ), locked AS (
+        SELECT x.id, x.endpoint, x.priority, x.next_attempt_at
+        FROM heads hd
+        CROSS JOIN LATERAL (
+            SELECT e.id, e.endpoint, e.priority, e.next_attempt_at
+            FROM webhook_events e
+            WHERE e.endpoint = hd.endpoint
+              AND e.status = 'pending' AND e.next_attempt_at <= now()
+            ORDER BY e.priority DESC, e.next_attempt_at
+            LIMIT hd.n
+            FOR UPDATE SKIP LOCKED) x
+    ), batches AS (
+        SELECT l.endpoint,
+               array_agg(l.id ORDER BY l.priority DESC, l.next_attempt_at, l.id) AS ids
+        FROM locked l
+        GROUP BY l.endpoint
+        ORDER BY l.endpoint
+        OFFSET 0
+    ), grants AS MATERIALIZED (
+        SELECT b.endpoint, b.ids, t.granted, t.wait_seconds
+        FROM batches b
+        CROSS JOIN LATERAL ratebucket.bucket_take_upto(b.endpoint, cardinality(b.ids)) t
+    ), deferred AS (
+        UPDATE webhook_events e
+        SET next_attempt_at = now() + make_interval(secs => g.wait_seconds)
+        FROM grants g
+        WHERE e.id = ANY (g.ids[g.granted + 1:])
+    ), parked AS (
+        UPDATE webhook_events e
+        SET next_attempt_at = now() + make_interval(secs => p.wait + (x.k - 1) / p.rate)
+        FROM (SELECT w.endpoint, ratebucket.bucket_wait(w.endpoint) AS wait,
+                     (SELECT greatest(b.effective_rate, 1e-9) FROM ratebucket.bucket_status b
+                      WHERE b.endpoint = w.endpoint) AS rate
+              FROM walk w WHERE w.n = 0) p
+        CROSS JOIN LATERAL (
+            SELECT y.id, row_number() OVER () AS k
+            FROM (SELECT e2.id
+                  FROM webhook_events e2
+                  WHERE e2.endpoint = p.endpoint
+                    AND e2.status = 'pending' AND e2.next_attempt_at <= now()
+                  ORDER BY e2.priority DESC, e2.next_attempt_at
+                  LIMIT park_max
+                  FOR UPDATE SKIP LOCKED) y) x
+        WHERE p.wait >= park_after AND p.rate IS NOT NULL AND e.id = x.id
+    )
     UPDATE webhook_events e
-    SET next_attempt_at = now() + make_interval(secs => g.wait_seconds)
+    SET status = 'sending', lease_until = now() + lease
     FROM grants g
-    WHERE e.id = ANY (g.ids[g.granted + 1:])
-)
-UPDATE webhook_events e
-SET status = 'sending', lease_until = now() + lease
-FROM grants g
-WHERE e.id = ANY (g.ids[1:g.granted])
-RETURNING e.id, e.endpoint, e.attempts, e.payload;
+    WHERE e.id = ANY (g.ids[1:g.granted])
+    RETURNING e.id, e.endpoint, e.attempts, e.payload;
+END
 $$;
 
 -- The delay before retrying after a failure: 0.5 s doubling per attempt, at

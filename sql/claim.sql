@@ -63,7 +63,8 @@ SELECT ratebucket.bucket_wait('c:frac') > 400000 AS half_a_token_short,
        ratebucket.bucket_wait('c:a') > 900000 AS empty_waits;
 
 -- bucket_claimable answers once per endpoint in one execution: the whole
--- tokens the bucket holds, at most per_endpoint; later calls answer 0.
+-- tokens the bucket holds, at most per_endpoint (0 if none); later calls
+-- answer NULL.
 SELECT ratebucket.bucket_configure('c:five', 0.000001, 5);
 SELECT e, ratebucket.bucket_claimable(e, 3) AS n
 FROM (VALUES (1, 'c:five'), (2, 'c:five'), (3, 'c:a'), (4, 'c:frac'),

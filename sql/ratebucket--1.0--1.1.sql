@@ -48,7 +48,7 @@ AS 'MODULE_PATHNAME', 'ratebucket_claimable'
 LANGUAGE C VOLATILE PARALLEL UNSAFE COST 50;
 
 COMMENT ON FUNCTION ratebucket.bucket_claimable(text, int) IS
-'For a claim query: how many events of this endpoint it may lock. The first call for an endpoint in one execution of a statement answers the whole tokens its bucket holds now, at most per_endpoint (from the last committed state, without locking; 0 in a cooldown, a pause or an open breaker, 1 while half-open); later calls for it in the same execution answer 0.';
+'For a claim query: how many events of this endpoint it may lock. The first call for an endpoint in one execution of a statement answers the whole tokens its bucket holds now, at most per_endpoint (from the last committed state, without locking; 0 in a cooldown, a pause or an open breaker, 1 while half-open); later calls for it in the same execution answer NULL.';
 
 REVOKE ALL ON FUNCTION
 	ratebucket.bucket_take_upto(text, float8, float8, int),

@@ -342,7 +342,7 @@ FROM ratebucket.bucket_take_upto('u:cooling', 2);
 SELECT ratebucket.bucket_wait('u:api') AS wait_api,
 	   ratebucket.bucket_wait('u:cooling') BETWEEN 900 AND 1802 AS wait_cooling,
 	   ratebucket.bucket_wait('u:paused') AS wait_paused;
--- Once per endpoint per execution: u:api's 5 whole tokens, then 0.
+-- Once per endpoint per execution: u:api's 5 whole tokens, then NULL.
 SELECT e, ratebucket.bucket_claimable(e, 10) AS n
 FROM (VALUES (1, 'u:api'), (2, 'u:api'), (3, 'u:cooling'), (4, 'u:paused'),
 			 (5, 'u:adhoc')) AS v(i, e)

@@ -11,10 +11,12 @@
  * an endpoint within one execution of the statement peeks the bucket's last
  * committed state once (no lock, nothing written) and answers the whole
  * tokens it holds now, at most "per_endpoint" (one while a half-open breaker
- * waits for its probe; none in a cooldown, a pause or an open breaker).
- * Every later call for that endpoint in the same execution answers 0, so
+ * waits for its probe; 0 in a cooldown, a pause or an open breaker).
+ * Every later call for that endpoint in the same execution answers NULL, so
  * each endpoint appears once, at its best event, and one busy endpoint
- * cannot fill a batch: the others get their turn.
+ * cannot fill a batch: the others get their turn.  (0 and NULL differ so
+ * that a claim can tell an endpoint without tokens, whose events it may
+ * reschedule, from one it has already seen.)
  *
  * The memory of what was answered lives in fn_extra, which the executor
  * allocates afresh for every execution of a statement: a prepared claim
@@ -83,7 +85,7 @@ rb_seen_table(FunctionCallInfo fcinfo)
  * bucket_claimable(endpoint text, per_endpoint int) returns int
  *		How many of this endpoint's events may this claim lock?  See the
  *		file header: the first call per endpoint and per execution peeks,
- *		later ones answer 0.
+ *		later ones answer NULL.
  */
 Datum
 ratebucket_claimable(PG_FUNCTION_ARGS)
@@ -98,10 +100,10 @@ ratebucket_claimable(PG_FUNCTION_ARGS)
 	if (found)
 	{
 		pfree(key);
-		PG_RETURN_INT32(0);
+		PG_RETURN_NULL();
 	}
 
-	/* remember it (in the table's context) before the peek can fail */
+	/* remember it, in a copy that lives as long as the table */
 	{
 		MemoryContext oldcxt = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
 		char	   *stored = pstrdup(key);
