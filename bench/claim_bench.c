@@ -107,7 +107,7 @@ static const char plain_sql[] =
 	"RETURNING e.id, e.endpoint";
 
 static const char ratebucket_sql[] =
-	"SELECT id, endpoint FROM claim_events($1 * $2, $2)";
+	"SELECT id, endpoint FROM claim_events($1::int * $2::int, $2::int)";
 
 static const char redis_lock_sql[] =
 	"SELECT id, endpoint FROM webhook_events "
