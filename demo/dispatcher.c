@@ -137,7 +137,7 @@ static const struct
     {"claim",
      "SELECT id, endpoint, attempts, payload"
      " FROM claim_events($1::int, $2::int, $3::interval)"
-     " ORDER BY endpoint, id", 3},
+     " ORDER BY endpoint COLLATE \"C\", id", 3},
     {"lock_events",
      "SELECT id FROM webhook_events WHERE id = ANY ($1::bigint[])"
      " ORDER BY id FOR UPDATE", 1},

@@ -81,7 +81,8 @@ CREATE TRIGGER webhook_events_notify
 --    first, skipping events other workers hold.
 -- 4. batches: group them per endpoint, in endpoint order, behind OFFSET 0:
 --    every lock is taken before any token, and takes follow one order in
---    every worker, so they cannot deadlock.
+--    every worker, so they cannot deadlock.  The order is the endpoints'
+--    bytes (COLLATE "C"), the order bucket_take_all locks in too.
 -- 5. grants: one bucket_take_upto per endpoint: its tokens for the whole
 --    batch in one row update, granting as many as the bucket holds.
 -- 6. deferred: locked events that got no token go back to the queue at the
@@ -147,7 +148,7 @@ BEGIN
                array_agg(l.id ORDER BY l.priority DESC, l.next_attempt_at, l.id) AS ids
         FROM locked l
         GROUP BY l.endpoint
-        ORDER BY l.endpoint
+        ORDER BY l.endpoint COLLATE "C"
         OFFSET 0
     ), grants AS MATERIALIZED (
         SELECT b.endpoint, b.ids, t.granted, t.wait_seconds

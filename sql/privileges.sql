@@ -5,7 +5,7 @@
 -- Start from an empty table (earlier tests leave buckets behind).
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
-SELECT ratebucket.bucket_configure('p:conf', 0.000001, 7);
+SELECT ratebucket.bucket_configure('p:conf', 0.000001, 9);
 
 CREATE ROLE regress_rb_nobody;
 CREATE ROLE regress_rb_worker;
@@ -18,6 +18,7 @@ GRANT EXECUTE ON FUNCTION
 	ratebucket.bucket_take(text, float8),
 	ratebucket.bucket_take_upto(text, float8, float8, int),
 	ratebucket.bucket_take_upto(text, int),
+	ratebucket.bucket_take_all(text[], float8[]),
 	ratebucket.bucket_ready(text, float8),
 	ratebucket.bucket_wait(text, float8),
 	ratebucket.bucket_claimable(text, int),
@@ -46,6 +47,7 @@ INSERT INTO calls(stmt) VALUES
 	($$SELECT ratebucket.bucket_ready('p:x')$$),
 	($$SELECT ratebucket.bucket_take_upto('p:x', 10, 10, 3)$$),
 	($$SELECT ratebucket.bucket_take_upto('p:conf', 1)$$),
+	($$SELECT ratebucket.bucket_take_all(ARRAY['p:conf'])$$),
 	($$SELECT ratebucket.bucket_wait('p:x')$$),
 	($$SELECT ratebucket.bucket_claimable('p:x', 5)$$),
 	($$SELECT ratebucket.bucket_observe('p:x', 200)$$),

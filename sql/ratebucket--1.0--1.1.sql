@@ -70,3 +70,21 @@ COMMENT ON FUNCTION ratebucket.bucket_wait(text, float8) IS
 'Seconds until a take of tokens would be granted (0: now), judged like bucket_ready from the last committed state: never consumes, never writes, never waits for a lock; an unknown endpoint is ready.';
 
 REVOKE ALL ON FUNCTION ratebucket.bucket_wait(text, float8) FROM PUBLIC;
+
+--
+-- Several limits at once: all or nothing.
+--
+CREATE FUNCTION ratebucket.bucket_take_all(
+	endpoints text[],
+	tokens float8[] DEFAULT NULL,
+	OUT allowed boolean,
+	OUT wait_seconds float8,
+	OUT remaining float8[])
+RETURNS record
+AS 'MODULE_PATHNAME', 'ratebucket_take_all'
+LANGUAGE C VOLATILE PARALLEL UNSAFE COST 200;
+
+COMMENT ON FUNCTION ratebucket.bucket_take_all(text[], float8[]) IS
+'Take tokens (default 1 each) from several configured buckets at once, all or nothing: every row is locked first, in byte order of the endpoints whatever order they are named in (so two such takes cannot deadlock), then each decides as bucket_take would; either all grant and all are written, or none is. Returns allowed, wait_seconds (until all of them could grant; 0 when allowed) and each bucket''s remaining tokens, in the order given.';
+
+REVOKE ALL ON FUNCTION ratebucket.bucket_take_all(text[], float8[]) FROM PUBLIC;

@@ -2,7 +2,8 @@
  *
  * take.c
  *	  SQL-callable takes and peeks: bucket_take and bucket_take_upto (both
- *	  forms of each), and the peeks bucket_ready and bucket_wait.
+ *	  forms of each), bucket_take_all, and the peeks bucket_ready and
+ *	  bucket_wait.
  *
  * A take locks the endpoint's row, then reads the clock, refills, takes if
  * it can, and writes the row back, all before the caller's transaction ends:
@@ -18,9 +19,11 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "utils/builtins.h"
 #include "utils/float.h"
+#include "utils/array.h"
 #include "utils/timestamp.h"
 
 #include "adapt.h"
@@ -33,6 +36,7 @@ PG_FUNCTION_INFO_V1(ratebucket_take);
 PG_FUNCTION_INFO_V1(ratebucket_take_configured);
 PG_FUNCTION_INFO_V1(ratebucket_take_upto);
 PG_FUNCTION_INFO_V1(ratebucket_take_upto_configured);
+PG_FUNCTION_INFO_V1(ratebucket_take_all);
 PG_FUNCTION_INFO_V1(ratebucket_ready);
 PG_FUNCTION_INFO_V1(ratebucket_wait);
 
@@ -442,6 +446,197 @@ ratebucket_take_upto_configured(PG_FUNCTION_ARGS)
 	req.upto = rb_arg_count(fcinfo, 1, "max_tokens");
 	result = rb_take_request(endpoint, &req, &granted);
 	PG_RETURN_DATUM(rb_upto_result_datum(fcinfo, &result, granted));
+}
+
+/* Most buckets one bucket_take_all may name. */
+#define RB_MAX_TAKE_ALL 64
+
+/* One bucket of a bucket_take_all. */
+typedef struct RbAllItem
+{
+	text	   *endpoint;
+	char	   *key;			/* endpoint as a C string: the lock order */
+	int			pos;			/* where the caller named it */
+	double		want;
+	RbBucket	bucket;			/* the row, then what the take leaves */
+	RbTakeResult result;
+} RbAllItem;
+
+static int
+rb_all_item_cmp(const void *a, const void *b)
+{
+	return strcmp(((const RbAllItem *) a)->key, ((const RbAllItem *) b)->key);
+}
+
+/*
+ * rb_all_items
+ *		The buckets a bucket_take_all names, checked, in lock order: the
+ *		endpoints' bytes, the same order for every caller whatever order they
+ *		named them in, so that two takers of the same buckets cannot
+ *		deadlock.  Sets *n.
+ */
+static RbAllItem *
+rb_all_items(FunctionCallInfo fcinfo, int *n)
+{
+	ArrayType  *endpoints;
+	Datum	   *ep_datums;
+	bool	   *ep_nulls;
+	Datum	   *tk_datums = NULL;
+	bool	   *tk_nulls = NULL;
+	int			count;
+	int			tk_count = 0;
+	RbAllItem  *items;
+	int			i;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("endpoints must not be null")));
+	endpoints = PG_GETARG_ARRAYTYPE_P(0);
+	if (ARR_NDIM(endpoints) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("endpoints must be a one-dimensional array")));
+	deconstruct_array(endpoints, TEXTOID, -1, false, TYPALIGN_INT,
+					  &ep_datums, &ep_nulls, &count);
+	if (count < 1 || count > RB_MAX_TAKE_ALL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("endpoints must name 1 to %d buckets", RB_MAX_TAKE_ALL),
+				 errdetail("%d were given.", count)));
+
+	if (!PG_ARGISNULL(1))
+	{
+		ArrayType  *tokens = PG_GETARG_ARRAYTYPE_P(1);
+
+		if (ARR_NDIM(tokens) > 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("tokens must be a one-dimensional array")));
+		deconstruct_array(tokens, FLOAT8OID, sizeof(float8), FLOAT8PASSBYVAL,
+						  TYPALIGN_DOUBLE, &tk_datums, &tk_nulls, &tk_count);
+		if (tk_count != count)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("tokens must have one element per endpoint"),
+					 errdetail("%d endpoints, %d tokens.", count, tk_count)));
+	}
+
+	items = palloc0(sizeof(RbAllItem) * count);
+	for (i = 0; i < count; i++)
+	{
+		if (ep_nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("endpoint must not be null")));
+		items[i].endpoint = DatumGetTextPP(ep_datums[i]);
+		rb_check_endpoint(items[i].endpoint);
+		items[i].key = text_to_cstring(items[i].endpoint);
+		items[i].pos = i;
+		items[i].want = 1.0;
+		if (tk_datums != NULL)
+		{
+			if (tk_nulls[i])
+				ereport(ERROR,
+						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+						 errmsg("tokens must not be null")));
+			items[i].want = DatumGetFloat8(tk_datums[i]);
+			rb_check_tokens_value(items[i].want);
+		}
+	}
+
+	qsort(items, count, sizeof(RbAllItem), rb_all_item_cmp);
+	for (i = 1; i < count; i++)
+		if (strcmp(items[i - 1].key, items[i].key) == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("endpoint \"%s\" is named twice", items[i].key),
+					 errhint("Take the sum of its tokens once.")));
+	*n = count;
+	return items;
+}
+
+/*
+ * bucket_take_all(endpoints text[], tokens float8[]) returns
+ *		(allowed boolean, wait_seconds float8, remaining float8[])
+ *		Take from several configured buckets at once, all or nothing.
+ *
+ * Every row is locked first, in lock order (waiting for holders), then the
+ * clock is read once and each bucket decides its take as bucket_take would.
+ * If all grant, every row is written; if one refuses, none is, and
+ * wait_seconds is the longest of the refusals' waits: the time until all of
+ * them could grant, each refilling on its own.  remaining is per endpoint,
+ * in the caller's order: what each holds after the take (or, refused, now).
+ */
+Datum
+ratebucket_take_all(PG_FUNCTION_ARGS)
+{
+	int			n;
+	RbAllItem  *items = rb_all_items(fcinfo, &n);
+	RbStorageSession session;
+	TimestampTz now;
+	bool		allowed = true;
+	double		wait = 0.0;
+	Datum	   *remaining;
+	TupleDesc	tupdesc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+	int			i;
+
+	rb_storage_begin(&session);
+	for (i = 0; i < n; i++)
+		if (!rb_storage_lock(items[i].endpoint, &items[i].bucket))
+			rb_not_configured(items[i].endpoint);
+
+	/* Every row is held: only now read the clock, once for all. */
+	now = GetCurrentTimestamp();
+
+	for (i = 0; i < n; i++)
+	{
+		RbAllItem  *it = &items[i];
+		double		rate = 0.0;
+		double		capacity = 0.0;
+		double		granted;
+		bool		write;
+
+		if (!rb_limits_for(&it->bucket, true, &rate, &capacity))
+			rb_not_configured(it->endpoint);
+		rb_check_tokens_fit(it->want, capacity);
+		it->result = rb_decide(&it->bucket, rate, capacity, it->want, 0, now,
+							   &write, &granted);
+		if (!it->result.allowed)
+		{
+			allowed = false;
+			wait = Max(wait, it->result.wait_seconds);
+		}
+	}
+
+	for (i = 0; i < n; i++)
+	{
+		RbAllItem  *it = &items[i];
+
+		if (allowed)
+		{
+			it->bucket.rate = it->bucket.conf_rate;
+			it->bucket.capacity = it->bucket.conf_capacity;
+			rb_count_grant(&it->bucket, it->want, now);
+			rb_storage_update(&it->bucket);
+		}
+		else if (it->result.allowed)
+			it->result.remaining += it->want;	/* not taken after all */
+	}
+	rb_storage_end(&session);
+
+	remaining = palloc(sizeof(Datum) * n);
+	for (i = 0; i < n; i++)
+		remaining[items[i].pos] = Float8GetDatum(items[i].result.remaining);
+	tupdesc = rb_result_tupdesc(fcinfo);
+	values[0] = BoolGetDatum(allowed);
+	values[1] = Float8GetDatum(allowed ? 0.0 : wait);
+	values[2] = PointerGetDatum(construct_array(remaining, n, FLOAT8OID,
+												sizeof(float8), FLOAT8PASSBYVAL,
+												TYPALIGN_DOUBLE));
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }
 
 /*

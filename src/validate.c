@@ -37,12 +37,24 @@ text *
 rb_arg_endpoint(FunctionCallInfo fcinfo, int argno)
 {
 	text	   *endpoint;
-	int			len;
 
 	if (PG_ARGISNULL(argno))
 		rb_null_arg("endpoint");
 	endpoint = PG_GETARG_TEXT_PP(argno);
-	len = VARSIZE_ANY_EXHDR(endpoint);
+	rb_check_endpoint(endpoint);
+	return endpoint;
+}
+
+/*
+ * rb_check_endpoint
+ *		An endpoint, already detoasted, must be 1 to RB_MAX_ENDPOINT_BYTES
+ *		bytes.
+ */
+void
+rb_check_endpoint(text *endpoint)
+{
+	int			len = VARSIZE_ANY_EXHDR(endpoint);
+
 	if (len == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -54,7 +66,6 @@ rb_arg_endpoint(FunctionCallInfo fcinfo, int argno)
 				 errdetail("The endpoint is %d bytes; at most %d are allowed.",
 						   len, RB_MAX_ENDPOINT_BYTES),
 				 errhint("Use a shorter key, such as a host name or a hash of the URL.")));
-	return endpoint;
 }
 
 /* Fetch a float8 argument that must be a finite number within [lo, hi]. */
@@ -108,6 +119,22 @@ double
 rb_arg_capacity(FunctionCallInfo fcinfo, int argno)
 {
 	return rb_arg_bounded(fcinfo, argno, "capacity", 0.0, false, RB_MAX_CAPACITY);
+}
+
+/* A number of tokens given as a value, not an argument: as rb_arg_tokens. */
+void
+rb_check_tokens_value(double v)
+{
+	if (isnan(v) || isinf(v))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("tokens must be a finite number"),
+				 errdetail("The value given was %s.", float8out_internal(v))));
+	if (v <= 0.0 || v > RB_MAX_CAPACITY)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("tokens must be greater than 0 and at most %g", RB_MAX_CAPACITY),
+				 errdetail("The value given was %s.", float8out_internal(v))));
 }
 
 /* Tokens to take or test for: more than 0, at most RB_MAX_CAPACITY. */

@@ -20,6 +20,8 @@
 #define RB_MAX_CAPACITY 1e12
 
 extern text *rb_arg_endpoint(FunctionCallInfo fcinfo, int argno);
+extern void rb_check_endpoint(text *endpoint);
+extern void rb_check_tokens_value(double v);
 extern double rb_arg_rate(FunctionCallInfo fcinfo, int argno);
 extern double rb_arg_capacity(FunctionCallInfo fcinfo, int argno);
 extern double rb_arg_tokens(FunctionCallInfo fcinfo, int argno);
