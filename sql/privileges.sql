@@ -6,6 +6,7 @@
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
 SELECT ratebucket.bucket_configure('p:conf', 0.000001, 9);
+SELECT ratebucket.inflight_configure('p:cap', 10);
 
 CREATE ROLE regress_rb_nobody;
 CREATE ROLE regress_rb_worker;
@@ -22,11 +23,14 @@ GRANT EXECUTE ON FUNCTION
 	ratebucket.bucket_ready(text, float8),
 	ratebucket.bucket_wait(text, float8),
 	ratebucket.bucket_claimable(text, int),
-	ratebucket.bucket_observe(text, int, text, jsonb)
+	ratebucket.bucket_observe(text, int, text, jsonb),
+	ratebucket.inflight_acquire(text, int),
+	ratebucket.inflight_release(text, bigint[]),
+	ratebucket.inflight_renew(text, bigint[], interval)
 	TO regress_rb_worker;
-GRANT SELECT ON ratebucket.bucket_status TO regress_rb_worker;
+GRANT SELECT ON ratebucket.bucket_status, ratebucket.inflight_status TO regress_rb_worker;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ratebucket TO regress_rb_admin;
-GRANT SELECT ON ratebucket.bucket_status TO regress_rb_admin;
+GRANT SELECT ON ratebucket.bucket_status, ratebucket.inflight_status TO regress_rb_admin;
 
 CREATE FUNCTION pg_temp.try(stmt text) RETURNS text
 LANGUAGE plpgsql AS $$
@@ -63,6 +67,14 @@ INSERT INTO calls(stmt) VALUES
 	($$SELECT count(*) FROM ratebucket.buckets$$),
 	($$UPDATE ratebucket.buckets SET tokens = capacity$$),
 	($$INSERT INTO ratebucket.buckets (endpoint, rate, capacity, tokens, refilled_at, created_at) VALUES ('p:forged', 1, 1e9, 1e9, now(), now())$$),
+	($$SELECT ratebucket.inflight_acquire('p:cap')$$),
+	($$SELECT ratebucket.inflight_release('p:cap', '{}')$$),
+	($$SELECT ratebucket.inflight_renew('p:cap', '{}')$$),
+	($$SELECT count(*) FROM ratebucket.inflight_status$$),
+	($$SELECT count(*) FROM ratebucket.inflight_slots$$),
+	($$DELETE FROM ratebucket.inflight_slots$$),
+	($$SELECT ratebucket.inflight_configure('p:cap', 5)$$),
+	($$SELECT ratebucket.inflight_drop('p:nocap')$$),
 	($$SELECT ratebucket.bucket_drop('p:x')$$);
 
 -- A role with no grant: every call is an error, not access.
