@@ -25,6 +25,7 @@
 #     still empty: its state was carried, it did not come back full),
 #     explicit takes (a runtime bucket starts full again), bucket_ready, the
 #     "not configured" error, bucket_configure, bucket_expire, the status view;
+#   - an in-flight cap is carried, the slots held at the dump are not;
 #   - privileges: the extension's REVOKEs and the source's GRANTs to a worker
 #     role are carried (the worker can take, cannot read the table, cannot
 #     configure).
@@ -96,6 +97,9 @@ SELECT ratebucket.bucket_take('$odd', 1);
 SELECT ratebucket.bucket_configure(repeat('x', 1024), 1, 1);
 SELECT ratebucket.bucket_configure('cfg_dropped', 1, 1);
 SELECT ratebucket.bucket_drop('cfg_dropped');
+-- An in-flight cap (configuration) with slots held (runtime state).
+SELECT ratebucket.inflight_configure('acct:dump', 4, '90 seconds');
+SELECT ratebucket.inflight_acquire('acct:dump', 2);
 });
 
 # A configured endpoint's name as SQL, for the queries below.
@@ -271,6 +275,14 @@ FROM ratebucket.bucket_status}),
 	(scalar(keys %configured) + 1) . '|'
 	  . tq(q{SELECT count(*) FROM ratebucket.buckets WHERE conf_rate IS NULL}),
 	'restored: the status view shows every bucket');
+
+# In-flight caps: the cap is configuration and comes back; the slots held
+# at the dump were runtime state and do not.
+is(tq(q{SELECT cap || ' ' || lease || ' ' || in_flight FROM ratebucket.inflight_status
+		WHERE key = 'acct:dump'}),
+	'4 00:01:30 0', 'restored: the in-flight cap, without the slots held at the dump');
+is(tq(q{SELECT cardinality(ratebucket.inflight_acquire('acct:dump', 5))}), '4',
+	'restored: inflight_acquire gets the whole cap');
 
 # Privileges: the extension's REVOKEs and the dump's GRANTs.
 ($rc, $out, $err) = $target->psql('restored',
