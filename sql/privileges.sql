@@ -139,5 +139,5 @@ SELECT count(*) AS planted_table_rows FROM regress_evil.buckets;
 DROP SCHEMA regress_evil CASCADE;
 REVOKE ALL ON SCHEMA ratebucket FROM regress_rb_worker, regress_rb_admin;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ratebucket FROM regress_rb_worker, regress_rb_admin;
-REVOKE ALL ON ratebucket.bucket_status FROM regress_rb_worker, regress_rb_admin;
+REVOKE ALL ON ratebucket.bucket_status, ratebucket.inflight_status FROM regress_rb_worker, regress_rb_admin;
 DROP ROLE regress_rb_nobody, regress_rb_worker, regress_rb_admin;
