@@ -123,8 +123,9 @@
 
 /*
  * The statements, prepared once per connection.  The claim's ORDER BY puts
- * a batch in the order its bucket locks were taken (the database's
- * collation, not strcmp), and record_batch() records in that order.
+ * a batch in the order its bucket locks were taken (the endpoints' bytes,
+ * COLLATE "C", as claim_events and bucket_take_all lock them), and
+ * record_batch() records in that order.
  */
 enum { COL_ID, COL_ENDPOINT, COL_ATTEMPTS, COL_PAYLOAD, N_CLAIM_COLUMNS };
 

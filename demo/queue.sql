@@ -28,7 +28,8 @@
 
 CREATE TABLE webhook_events (
     id              bigserial PRIMARY KEY,
-    endpoint        text NOT NULL,
+    endpoint        text NOT NULL
+                    CHECK (octet_length(endpoint) BETWEEN 1 AND 1024),   -- a bucket key
     priority        int NOT NULL DEFAULT 0,
     status          text NOT NULL DEFAULT 'pending'
                     CHECK (status IN ('pending', 'sending', 'delivered', 'failed')),
@@ -74,9 +75,12 @@ CREATE TRIGGER webhook_events_notify
 --    endpoint appears once: the next endpoints get their turn in the batch.
 --    The walk stops after 2 x batch / per_endpoint endpoints (at least 8), or
 --    20 x batch events.
--- 2. heads: the endpoints holding tokens, in walk order, until their tokens
---    fill the batch (the last one takes what is left of it).  Endpoints
---    without one are filtered here, before anything is locked.
+-- 2. heads: the configured endpoints holding tokens, in walk order, until
+--    their tokens fill the batch (the last one takes what is left of it).
+--    Endpoints without one are filtered here, before anything is locked.
+--    Events of an endpoint that has no configuration (never configured, or
+--    dropped) are left alone: they wait, visible, for bucket_configure,
+--    instead of failing every claim.
 -- 3. locked: for each head, lock up to that many of its due events, best
 --    first, skipping events other workers hold.
 -- 4. batches: group them per endpoint, in endpoint order, behind OFFSET 0:
@@ -94,8 +98,8 @@ CREATE TRIGGER webhook_events_notify
 --    the next ones one token apart at the effective rate.  So the next claims
 --    do not walk over them again, lower-priority events of endpoints that
 --    have tokens go meanwhile, and each parked event comes back due about
---    when it can be sent.  Attempts do not change.  (Locked with SKIP
---    LOCKED, never waited for, never claimed.)
+--    when it can be sent (at most a year ahead).  Attempts do not change.
+--    (Locked with SKIP LOCKED, never waited for, never claimed.)
 -- 8. the rest are claimed: status 'sending', leased until now() + lease.
 --
 -- Tokens are spent only on events returned here: locked rows skipped by
@@ -130,7 +134,10 @@ BEGIN
         SELECT r.endpoint, least(r.n, batch - r.before) AS n
         FROM (SELECT w.endpoint, w.n,
                      sum(w.n) OVER (ORDER BY w.pos) - w.n AS before
-              FROM walk w WHERE w.n > 0) r
+              FROM walk w
+              WHERE w.n > 0
+                AND EXISTS (SELECT 1 FROM ratebucket.bucket_status b
+                            WHERE b.endpoint = w.endpoint AND b.configured)) r
         WHERE r.before < batch
     ), locked AS (
         SELECT x.id, x.endpoint, x.priority, x.next_attempt_at
@@ -161,7 +168,8 @@ BEGIN
         WHERE e.id = ANY (g.ids[g.granted + 1:])
     ), parked AS (
         UPDATE webhook_events e
-        SET next_attempt_at = now() + make_interval(secs => p.wait + (x.k - 1) / p.rate)
+        SET next_attempt_at = now() + make_interval(secs => least(p.wait + (x.k - 1) / p.rate,
+                                                                  366 * 86400.0))
         FROM (SELECT w.endpoint, ratebucket.bucket_wait(w.endpoint) AS wait,
                      (SELECT greatest(b.effective_rate, 1e-9) FROM ratebucket.bucket_status b
                       WHERE b.endpoint = w.endpoint) AS rate
@@ -292,10 +300,16 @@ $$;
 CREATE FUNCTION requeue_expired() RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$
-WITH r AS (
-    UPDATE webhook_events
-    SET status = 'pending', lease_until = NULL, next_attempt_at = now()
+WITH expired AS (          -- in id order, as a batch's record locks them
+    SELECT id FROM webhook_events
     WHERE status = 'sending' AND lease_until < now()
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+), r AS (
+    UPDATE webhook_events e
+    SET status = 'pending', lease_until = NULL, next_attempt_at = now()
+    FROM expired x
+    WHERE e.id = x.id
     RETURNING 1)
 SELECT count(*) FROM r
 $$;

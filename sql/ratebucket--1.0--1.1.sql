@@ -181,10 +181,13 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value',
 				  DETAIL = pg_catalog.format('The value given was %s.', n);
 	END IF;
-	-- The cap's row serialises the acquires of one key until commit.
-	SELECT * INTO c FROM ratebucket.inflight_caps AS ic
+	-- The cap's row serialises the acquires of one key until commit.  An
+	-- update rather than a lock: under REPEATABLE READ a concurrent acquire
+	-- then fails with a serialization error instead of counting the slots
+	-- from its older snapshot.
+	UPDATE ratebucket.inflight_caps AS ic SET cap = ic.cap
 	WHERE ic.key OPERATOR(pg_catalog.=) inflight_acquire.key
-	FOR UPDATE;
+	RETURNING ic.* INTO c;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'key "%" has no in-flight cap', key
 			USING ERRCODE = 'undefined_object',
@@ -278,12 +281,17 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	found_cap boolean;
 BEGIN
-	DELETE FROM ratebucket.inflight_slots AS s
-	WHERE s.key OPERATOR(pg_catalog.=) inflight_drop.key;
+	-- The cap's row first: an acquire in progress holds it, so its slots
+	-- are committed (or gone) before the slots are deleted.
 	DELETE FROM ratebucket.inflight_caps AS c
 	WHERE c.key OPERATOR(pg_catalog.=) inflight_drop.key;
-	RETURN FOUND;
+	found_cap := FOUND;
+	DELETE FROM ratebucket.inflight_slots AS s
+	WHERE s.key OPERATOR(pg_catalog.=) inflight_drop.key;
+	RETURN found_cap;
 END;
 $$;
 

@@ -76,15 +76,20 @@ rb_new_bucket(RbBucket *bucket, double rate, double capacity, TimestampTz now)
 	bucket->last_observed_at = RB_NO_TIME;
 }
 
-/* The error for a configured take of an endpoint that was not configured. */
+/*
+ * The error for a configured take of an endpoint that was not configured;
+ * "explicit" says whether the caller has a form taking limits instead.
+ */
 static void
-rb_not_configured(text *endpoint)
+rb_not_configured(text *endpoint, bool explicit)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_UNDEFINED_OBJECT),
 			 errmsg("endpoint \"%s\" is not configured", text_to_cstring(endpoint)),
+			 explicit ?
 			 errhint("Call ratebucket.bucket_configure(endpoint, rate, capacity) first, "
-					 "or pass rate and capacity to bucket_take.")));
+					 "or pass rate and capacity to the take.") :
+			 errhint("Call ratebucket.bucket_configure(endpoint, rate, capacity) first.")));
 }
 
 /*
@@ -261,7 +266,7 @@ rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 		if (req->use_config)
 		{
 			if (!exists || !rb_storage_lock(endpoint, &bucket))
-				rb_not_configured(endpoint);
+				rb_not_configured(endpoint, true);
 		}
 		else
 		{
@@ -288,7 +293,7 @@ rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 	rate = req->rate;
 	capacity = req->capacity;
 	if (!rb_limits_for(&bucket, req->use_config, &rate, &capacity))
-		rb_not_configured(endpoint);
+		rb_not_configured(endpoint, true);
 	rb_check_request_fits(req, capacity);
 
 	result = rb_decide(&bucket, rate, capacity, req->want, req->upto, now,
@@ -586,7 +591,7 @@ ratebucket_take_all(PG_FUNCTION_ARGS)
 	rb_storage_begin(&session);
 	for (i = 0; i < n; i++)
 		if (!rb_storage_lock(items[i].endpoint, &items[i].bucket))
-			rb_not_configured(items[i].endpoint);
+			rb_not_configured(items[i].endpoint, false);
 
 	/* Every row is held: only now read the clock, once for all. */
 	now = GetCurrentTimestamp();
@@ -600,7 +605,7 @@ ratebucket_take_all(PG_FUNCTION_ARGS)
 		bool		write;
 
 		if (!rb_limits_for(&it->bucket, true, &rate, &capacity))
-			rb_not_configured(it->endpoint);
+			rb_not_configured(it->endpoint, false);
 		rb_check_tokens_fit(it->want, capacity);
 		it->result = rb_decide(&it->bucket, rate, capacity, it->want, 0, now,
 							   &write, &granted);

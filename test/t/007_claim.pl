@@ -206,6 +206,23 @@ ok($delay > 0 && $delay <= 1.1,
 	"due again when the next token comes (in ${delay} s; 1 token/s)");
 is($attempts, 0, 'and their attempts did not change');
 
+# ------------------------------------------------- unconfigured endpoints --
+
+# Events of an endpoint without a configuration (never configured, or
+# dropped) wait for one; they do not stop the claims of the others.
+clean();
+sql(qq{
+SELECT ratebucket.bucket_configure('known', $still, 5);
+INSERT INTO webhook_events (endpoint, priority) SELECT 'unknown', 9 FROM generate_series(1, 3);
+INSERT INTO webhook_events (endpoint) SELECT 'known' FROM generate_series(1, 3);
+});
+is(sql(q{SELECT string_agg(DISTINCT endpoint, ',') || ' ' || count(*) FROM claim_events(80, 10)}),
+	'known 3', 'events of an unconfigured endpoint do not stop the claim');
+is(sql(q{SELECT count(*) FROM webhook_events
+		 WHERE endpoint = 'unknown' AND status = 'pending' AND attempts = 0
+		   AND next_attempt_at <= now()}),
+	'3', 'and they wait, untouched, for a configuration');
+
 # ------------------------------------------------------- order and fairness --
 
 clean();
