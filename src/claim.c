@@ -20,8 +20,11 @@
  *
  * The memory of what was answered lives in fn_extra, which the executor
  * allocates afresh for every execution of a statement: a prepared claim
- * starts clean each time.  The answer is a peek: the take under the row
- * lock decides, and may grant fewer.
+ * starts clean each time.  (Not so in a PL/pgSQL expression such as
+ * "x := bucket_claimable(...)": PL/pgSQL keeps a simple expression, and so
+ * this memory, for the whole transaction.  Call it from a query.)  The
+ * answer is a peek: the take under the row lock decides, and may grant
+ * fewer.
  *
  *-------------------------------------------------------------------------
  */
