@@ -312,37 +312,6 @@ rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 }
 
 /*
- * rb_peek_grantable
- *		How many whole tokens, up to "upto", would a take of the endpoint be
- *		granted now?  Judged like bucket_ready, from the last committed row
- *		with the limits it stores, without locking; an unknown endpoint's
- *		bucket would start full, so it grants "upto".
- */
-int64
-rb_peek_grantable(text *endpoint, int64 upto)
-{
-	RbStorageSession session;
-	RbBucket	bucket;
-	bool		found;
-	bool		write;
-	double		granted;
-	bool		configured;
-
-	rb_storage_begin(&session);
-	found = rb_storage_peek(endpoint, &bucket);
-	rb_storage_end(&session);
-
-	if (!found)
-		return upto;
-	configured = rb_is_configured(&bucket);
-	(void) rb_decide(&bucket,
-					 configured ? bucket.conf_rate : bucket.rate,
-					 configured ? bucket.conf_capacity : bucket.capacity,
-					 1.0, upto, GetCurrentTimestamp(), &write, &granted);
-	return (int64) granted;
-}
-
-/*
  * rb_take_result_datum
  *		Build the (allowed, remaining, wait_seconds) record.
  */
@@ -646,13 +615,15 @@ ratebucket_take_all(PG_FUNCTION_ARGS)
 
 /*
  * rb_peek_take
- *		What a take of "want" would be told now, judged from the last
- *		committed row with the limits it stores (its configuration, if it has
- *		one), including a cooldown, a pause or an open breaker, without
- *		locking.  An unknown endpoint's bucket would start full: granted.
+ *		What a take would be told now, judged from the last committed row
+ *		with the limits it stores (its configuration, if it has one),
+ *		including a cooldown, a pause or an open breaker, without locking:
+ *		a take of "want" tokens, or with upto > 0 of as many whole tokens as
+ *		it would grant up to that many (*granted).  An unknown endpoint's
+ *		bucket would start full: granted, all of it.
  */
 static RbTakeResult
-rb_peek_take(text *endpoint, double want)
+rb_peek_take(text *endpoint, double want, int64 upto, double *granted)
 {
 	RbStorageSession session;
 	RbBucket	bucket;
@@ -663,18 +634,32 @@ rb_peek_take(text *endpoint, double want)
 	found = rb_storage_peek(endpoint, &bucket);
 	rb_storage_end(&session);
 
+	*granted = upto > 0 ? (double) upto : want;
 	if (found)
 	{
 		bool		configured = rb_is_configured(&bucket);
 		bool		write;
-		double		granted;
 
 		result = rb_decide(&bucket,
 						   configured ? bucket.conf_rate : bucket.rate,
 						   configured ? bucket.conf_capacity : bucket.capacity,
-						   want, 0, GetCurrentTimestamp(), &write, &granted);
+						   want, upto, GetCurrentTimestamp(), &write, granted);
 	}
 	return result;
+}
+
+/*
+ * rb_peek_grantable
+ *		How many whole tokens, up to "upto", would a take of the endpoint be
+ *		granted now?  The peek of rb_peek_take, for bucket_claimable.
+ */
+int64
+rb_peek_grantable(text *endpoint, int64 upto)
+{
+	double		granted;
+
+	(void) rb_peek_take(endpoint, 1.0, upto, &granted);
+	return (int64) granted;
 }
 
 /*
@@ -687,8 +672,9 @@ ratebucket_ready(PG_FUNCTION_ARGS)
 {
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	double		want = rb_arg_tokens(fcinfo, 1);
+	double		granted;
 
-	PG_RETURN_BOOL(rb_peek_take(endpoint, want).allowed);
+	PG_RETURN_BOOL(rb_peek_take(endpoint, want, 0, &granted).allowed);
 }
 
 /*
@@ -701,7 +687,8 @@ ratebucket_wait(PG_FUNCTION_ARGS)
 {
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	double		want = rb_arg_tokens(fcinfo, 1);
-	RbTakeResult result = rb_peek_take(endpoint, want);
+	double		granted;
+	RbTakeResult result = rb_peek_take(endpoint, want, 0, &granted);
 
 	PG_RETURN_FLOAT8(result.allowed ? 0.0 : result.wait_seconds);
 }
