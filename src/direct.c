@@ -15,9 +15,9 @@
  * are PostgreSQL's own.
  *
  * It is used only for a table shaped as the extension created it: a heap
- * table with no triggers, no row security, no inheritance children, and one
- * index, the btree primary key on endpoint; every column the C code knows
- * present with its type.  Anything else (and ratebucket.direct_access = off,
+ * table with no triggers (a foreign key to it adds some), no rules, no row
+ * security, no inheritance children, and one index, the btree primary key
+ * on endpoint; every column the C code knows present with its type.  Anything else (and ratebucket.direct_access = off,
  * which a distributed table needs) leaves all access to SPI, which handles
  * whatever the table has become.
  *
@@ -124,6 +124,7 @@ rb_direct_check_shape(Relation rel, const RbDirectColumn *columns, int ncolumns)
 	if (rel->rd_rel->relkind != RELKIND_RELATION ||
 		rel->rd_rel->relam != HEAP_TABLE_AM_OID ||
 		rel->trigdesc != NULL ||
+		rel->rd_rules != NULL ||
 		rel->rd_rel->relrowsecurity ||
 		rel->rd_rel->relhassubclass ||
 		ncolumns > RB_DIRECT_MAX_COLUMNS)
