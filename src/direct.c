@@ -69,6 +69,7 @@ static int	shape_attnums[RB_DIRECT_MAX_COLUMNS];
 /* The relations opened by rb_direct_begin, and the rows read since. */
 static Relation heap_rel = NULL;
 static Relation index_rel = NULL;
+static bool peek_session = false;	/* opened with AccessShareLock */
 static MemoryContext direct_cxt = NULL;
 
 /*
@@ -167,9 +168,12 @@ rb_direct_check_shape(Relation rel, const RbDirectColumn *columns, int ncolumns)
  *		Open the table (relid, found by the caller through the extension's
  *		schema) and its index for direct access, if the setting allows it
  *		and the table's shape does.  Returns false, opening nothing, if not.
+ *		peek_only: only rb_direct_find(RB_DIRECT_PEEK) follows, and the
+ *		relations get the lock a SELECT takes, as the SPI peek does.
  */
 bool
-rb_direct_begin(Oid relid, const RbDirectColumn *columns, int ncolumns)
+rb_direct_begin(Oid relid, const RbDirectColumn *columns, int ncolumns,
+				bool peek_only)
 {
 	Relation	rel;
 	LOCKMODE	lockmode;
@@ -182,11 +186,12 @@ rb_direct_begin(Oid relid, const RbDirectColumn *columns, int ncolumns)
 		return false;
 
 	/*
-	 * The lock UPDATE takes (in a read-only transaction, as on a standby,
-	 * the one SELECT takes: a peek is all it may do); opening also makes the
-	 * relcache entry current.
+	 * The lock UPDATE takes, or the one SELECT takes for a peek (and in a
+	 * read-only transaction, as on a standby, where a peek is all that can
+	 * succeed); opening also makes the relcache entry current.
 	 */
-	lockmode = XactReadOnly ? AccessShareLock : RowExclusiveLock;
+	peek_session = peek_only || XactReadOnly;
+	lockmode = peek_session ? AccessShareLock : RowExclusiveLock;
 	rel = table_open(relid, lockmode);
 	if (shape == RB_SHAPE_UNKNOWN)
 	{
@@ -325,7 +330,12 @@ rb_direct_find(text *endpoint, RbDirectMode mode, ItemPointer tid,
 		TM_Result	res;
 		int			flags = 0;
 
-		PreventCommandIfReadOnly("SELECT FOR NO KEY UPDATE");
+		if (peek_session)
+		{
+			PreventCommandIfReadOnly("SELECT FOR NO KEY UPDATE");
+			elog(ERROR, "a bucket row cannot be locked in a session opened to peek");
+		}
+
 		if (!IsolationUsesXactSnapshot())
 			flags |= TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
 		res = table_tuple_lock(heap_rel, &locktid, snapshot, slot,
@@ -403,6 +413,8 @@ rb_direct_update(ItemPointer tid, const Datum *values, const bool *nulls,
 
 	PreventCommandIfReadOnly("UPDATE");
 	PreventCommandIfParallelMode("UPDATE");
+	if (peek_session)
+		elog(ERROR, "a bucket row cannot be written in a session opened to peek");
 
 	oldcxt = MemoryContextSwitchTo(direct_cxt);
 	newtup = heap_modify_tuple_by_cols(oldtup, RelationGetDescr(heap_rel),

@@ -39,7 +39,7 @@ typedef enum RbFindResult
 
 extern void rb_direct_init(void);
 extern bool rb_direct_begin(Oid relid, const RbDirectColumn *columns,
-							int ncolumns);
+							int ncolumns, bool peek_only);
 extern void rb_direct_end(void);
 extern RbFindResult rb_direct_find(text *endpoint, RbDirectMode mode,
 								   ItemPointer tid, Datum *values, bool *nulls);

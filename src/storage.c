@@ -262,8 +262,8 @@ rb_lookup_table(void)
  * restores the user, closes SPI and releases the relations; the next
  * rb_storage_begin starts afresh.
  */
-void
-rb_storage_begin(RbStorageSession *session)
+static void
+rb_storage_begin_session(RbStorageSession *session, bool peek_only)
 {
 	if (!OidIsValid(table_relid))
 		rb_lookup_table();
@@ -274,7 +274,26 @@ rb_storage_begin(RbStorageSession *session)
 						   SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
 	session_spi = false;
-	session_direct = rb_direct_begin(table_relid, direct_columns, RB_NCOLUMNS);
+	session_direct = rb_direct_begin(table_relid, direct_columns, RB_NCOLUMNS,
+									 peek_only);
+}
+
+void
+rb_storage_begin(RbStorageSession *session)
+{
+	rb_storage_begin_session(session, false);
+}
+
+/*
+ * rb_storage_begin_peek
+ *		rb_storage_begin for a session that only peeks (rb_storage_peek):
+ *		the table is locked as a SELECT locks it, so a peek waits for nothing
+ *		a SELECT would not wait for.
+ */
+void
+rb_storage_begin_peek(RbStorageSession *session)
+{
+	rb_storage_begin_session(session, true);
 }
 
 /* Connect SPI for this session, unless it already is. */

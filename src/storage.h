@@ -69,6 +69,7 @@ typedef struct RbStorageSession
 
 extern void rb_storage_init(void);
 extern void rb_storage_begin(RbStorageSession *session);
+extern void rb_storage_begin_peek(RbStorageSession *session);
 extern void rb_storage_end(RbStorageSession *session);
 extern bool rb_storage_lock(text *endpoint, RbBucket *bucket);
 extern bool rb_storage_lock_skip(text *endpoint, RbBucket *bucket);

@@ -691,7 +691,7 @@ rb_peek_take(text *endpoint, double want, int64 upto, double *granted)
 	bool		found;
 	RbTakeResult result = {true, 0.0, 0.0};
 
-	rb_storage_begin(&session);
+	rb_storage_begin_peek(&session);
 	found = rb_storage_peek(endpoint, &bucket);
 	rb_storage_end(&session);
 
