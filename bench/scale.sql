@@ -3,19 +3,29 @@
 --   psql -v ON_ERROR_STOP=1 -v nbuckets=<N>
 -- Creates the extension and N buckets, ep1 .. epN, each exactly the row a
 -- first bucket_take(ep, 1e6, 1e6) creates: one real take makes a template
--- row, and N copies of it differ only in the endpoint.  Copying the row as
--- jsonb keeps this independent of the table's columns (whatever the storage
--- of the tree under test), and one INSERT ... SELECT is far quicker than
--- 1,000,000 takes.  Then the memory probe used by the memory measurement.
+-- row, and N copies of it differ only in the endpoint.  The column list is
+-- read from the catalog, so this follows the table of the tree under test,
+-- and one INSERT ... SELECT is far quicker than 1,000,000 takes.  Then the
+-- memory probe and the loops of the memory measurement.
 
 CREATE EXTENSION ratebucket;
 
 SELECT allowed AS template_created FROM ratebucket.bucket_take('template', 1e6, 1e6);
 
-INSERT INTO ratebucket.buckets
-SELECT (jsonb_populate_record(b, jsonb_build_object('endpoint', 'ep' || g))).*
-FROM ratebucket.buckets AS b, generate_series(1, :nbuckets) AS g
-WHERE b.endpoint = 'template';
+-- INSERT INTO ratebucket.buckets (<every column>) SELECT <'ep' || g for the
+-- endpoint, the template's value for every other column> ..., built from the
+-- catalog so that it follows the table's columns.
+SELECT format('INSERT INTO ratebucket.buckets (%s) SELECT %s '
+			  'FROM ratebucket.buckets AS b, generate_series(1, %s) AS g '
+			  'WHERE b.endpoint = %L',
+			  string_agg(quote_ident(attname), ', ' ORDER BY attnum),
+			  string_agg(CASE WHEN attname = 'endpoint' THEN '''ep'' || g'
+							  ELSE 'b.' || quote_ident(attname) END, ', ' ORDER BY attnum),
+			  :nbuckets, 'template')
+FROM pg_attribute
+WHERE attrelid = 'ratebucket.buckets'::regclass AND attnum > 0
+  AND NOT attisdropped AND attgenerated = ''
+\gexec
 
 DELETE FROM ratebucket.buckets WHERE endpoint = 'template';
 
@@ -78,6 +88,7 @@ CREATE PROCEDURE mem_loop(p_mode text, p_calls int, p_points int[], p_nbuckets i
 LANGUAGE plpgsql AS $$
 DECLARE
 	ok	boolean;
+	k	int;
 BEGIN
 	FOR i IN 0 .. p_calls LOOP
 		IF i = ANY (p_points) THEN
@@ -85,11 +96,14 @@ BEGIN
 			COMMIT;
 		END IF;
 		EXIT WHEN i = p_calls;
+		-- random() once, outside the statement: in a WHERE clause it would be
+		-- evaluated per row and the UPDATE would scan the table.
+		k := 1 + floor(random() * p_nbuckets)::int;
 		IF p_mode = 'plpgsql-control' THEN
-			UPDATE bare SET tokens = tokens - 1 WHERE id = 1 + floor(random() * p_nbuckets)::int;
+			UPDATE bare SET tokens = tokens - 1 WHERE id = k;
 		ELSE
 			SELECT t.allowed INTO ok
-			FROM ratebucket.bucket_take('ep' || (1 + floor(random() * p_nbuckets))::int, 1e6, 1e6) AS t;
+			FROM ratebucket.bucket_take('ep' || k, 1e6, 1e6) AS t;
 		END IF;
 		COMMIT;
 	END LOOP;
