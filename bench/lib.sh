@@ -354,7 +354,9 @@ spread_of() {
 # One psql session, one statement (so one transaction) per take, autocommit.
 # synchronous_commit only changes when the WAL is flushed, not what is written;
 # it is off here so the loop is quick.  Measured over the loop: WAL bytes
-# (pg_current_wal_lsn()), xids (the snapshot's xmax, i.e. the next xid), and
+# (pg_current_wal_insert_lsn(): the insert position; pg_current_wal_lsn() is
+# the write position, which lags behind by up to wal_writer_delay of WAL when
+# synchronous_commit is off — the earlier figures used it), xids (the snapshot's xmax, i.e. the next xid), and
 # new row versions: the sum over every table of the database of n_tup_upd +
 # n_tup_ins (pg_stat_user_tables; whichever tables the storage uses), of which
 # HOT (n_tup_hot_upd).  The session forces its statistics out before reading
@@ -373,10 +375,10 @@ wal_measure() {   # label, setup statement, take statement (must print t or f) [
         echo "$setup"
         echo 'CHECKPOINT;'
         echo 'SELECT pg_stat_force_next_flush();'
-        echo "SELECT pg_current_wal_lsn() AS wal_start, pg_snapshot_xmax(pg_current_snapshot()) AS xid_start,"
+        echo "SELECT pg_current_wal_insert_lsn() AS wal_start, pg_snapshot_xmax(pg_current_snapshot()) AS xid_start,"
         echo "       $rv AS rv_start, $hot AS hot_start \\gset"
         awk -v n="$WAL_TAKES" -v t="$take" 'BEGIN { for (i = 0; i < n; i++) print t }'
-        echo "SELECT pg_current_wal_lsn() AS wal_end, pg_snapshot_xmax(pg_current_snapshot()) AS xid_end \\gset"
+        echo "SELECT pg_current_wal_insert_lsn() AS wal_end, pg_snapshot_xmax(pg_current_snapshot()) AS xid_end \\gset"
         echo 'SELECT pg_stat_force_next_flush();'
         echo "SELECT 'RESULT', pg_wal_lsn_diff(:'wal_end', :'wal_start'),"
         echo "       :'xid_end'::text::bigint - :'xid_start'::text::bigint,"
@@ -396,7 +398,7 @@ wal_measure() {   # label, setup statement, take statement (must print t or f) [
 
 wal_table() {   # the markdown table of WAL_ROWS
     echo "WAL per take: $WAL_TAKES takes in one psql session, one statement (transaction) each;"
-    echo "bytes from pg_current_wal_lsn(), xids from the next-xid counter (both cluster-wide);"
+    echo "bytes from pg_current_wal_insert_lsn(), xids from the next-xid counter (both cluster-wide);"
     echo "row versions: n_tup_upd + n_tup_ins summed over the database's tables"
     echo "(pg_stat_user_tables), of which HOT: n_tup_hot_upd."
     echo
