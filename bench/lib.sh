@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # bench/lib.sh — shell functions shared by bench/run and bench/run-scale.
 # Sourced, never run.  The caller sets `set -euo pipefail` and umask 022 first,
 # then BENCH_NAME (for messages), and calls, in order:
@@ -187,7 +188,7 @@ bench_workdir() {
     trap 'exit 130' INT
     trap 'exit 143' TERM
     WORK="$(mktemp -d "${TMPDIR:-/tmp}/ratebucket-bench.XXXXXX")"
-    cd "$WORK"   # the bench user may not be able to enter the clone
+    cd "$WORK" || die "cannot enter $WORK"   # the bench user may not be able to enter the clone
 }
 
 # ------------------------------------------------------ copy, build, install --

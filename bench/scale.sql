@@ -14,7 +14,9 @@ SELECT allowed AS template_created FROM ratebucket.bucket_take('template', 1e6, 
 
 -- INSERT INTO ratebucket.buckets (<every column>) SELECT <'ep' || g for the
 -- endpoint, the template's value for every other column> ..., built from the
--- catalog so that it follows the table's columns.
+-- catalog so that it follows the table's columns.  (Other tables the storage
+-- may add are not copied: the buckets are then created as a first take would
+-- find them only if the storage keeps them in ratebucket.buckets.)
 SELECT format('INSERT INTO ratebucket.buckets (%s) SELECT %s '
 			  'FROM ratebucket.buckets AS b, generate_series(1, %s) AS g '
 			  'WHERE b.endpoint = %L',
@@ -22,9 +24,14 @@ SELECT format('INSERT INTO ratebucket.buckets (%s) SELECT %s '
 			  string_agg(CASE WHEN attname = 'endpoint' THEN '''ep'' || g'
 							  ELSE 'b.' || quote_ident(attname) END, ', ' ORDER BY attnum),
 			  :nbuckets, 'template')
-FROM pg_attribute
+FROM pg_attribute AS a
 WHERE attrelid = 'ratebucket.buckets'::regclass AND attnum > 0
   AND NOT attisdropped AND attgenerated = ''
+  -- an identity or serial column (a bucket id, say) takes its default
+  AND attidentity = ''
+  AND NOT EXISTS (SELECT FROM pg_attrdef AS d
+				  WHERE d.adrelid = a.attrelid AND d.adnum = a.attnum
+					AND pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%')
 \gexec
 
 DELETE FROM ratebucket.buckets WHERE endpoint = 'template';
