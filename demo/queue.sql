@@ -136,8 +136,11 @@ BEGIN
                      sum(w.n) OVER (ORDER BY w.pos) - w.n AS before
               FROM walk w
               WHERE w.n > 0
-                AND EXISTS (SELECT 1 FROM ratebucket.bucket_status b
-                            WHERE b.endpoint = w.endpoint AND b.configured)) r
+                -- A scalar subquery, run per walk row through the primary
+                -- key: as EXISTS the planner may hash the whole view, and
+                -- so compute every configured bucket's state per claim.
+                AND coalesce((SELECT b.configured FROM ratebucket.bucket_status b
+                              WHERE b.endpoint = w.endpoint), false)) r
         WHERE r.before < batch
     ), locked AS (
         SELECT x.id, x.endpoint, x.priority, x.next_attempt_at
