@@ -367,6 +367,14 @@ SELECT outcome, breaker FROM ratebucket.bucket_observe('u:api', 500);
 SELECT ratebucket.bucket_resume('u:paused');
 SELECT allowed FROM ratebucket.bucket_take('u:paused');
 
+-- 1.2: an old row becomes a calendar quota (written through the columns
+-- the update added, in the session that ran the update), and the status
+-- view shows it.
+SELECT ratebucket.bucket_configure_quota('u:adhoc', 3, 'day', 'Asia/Tokyo');
+SELECT allowed, remaining FROM ratebucket.bucket_take('u:adhoc', 2);
+SELECT endpoint, configured, quota_period, quota_time_zone, quota, quota_used, quota_remaining
+FROM ratebucket.bucket_status WHERE endpoint = 'u:adhoc';
+
 DROP ROLE regress_rb_upgrade_worker, regress_rb_upgrade_nobody;
 
 -- The extension stays at the newest version.
