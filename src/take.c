@@ -113,7 +113,7 @@ rb_bucket_quota_window(const RbBucket *bucket, TimestampTz at,
 
 	if (period == RB_QUOTA_NONE)
 		ereport(ERROR,
-				(errcode(ERRCODE_DATA_CORRUPTED),
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("quota period \"%s\" is not one of %s",
 						bucket->quota_period, RB_QUOTA_PERIODS),
 				 errhint("Configure the quota again with ratebucket.bucket_configure_quota.")));
