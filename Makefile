@@ -8,6 +8,7 @@ OBJS = \
 	src/admin.o \
 	src/arith.o \
 	src/claim.o \
+	src/direct.o \
 	src/feedback.o \
 	src/guc.o \
 	src/headers.o \
@@ -22,11 +23,11 @@ OBJS = \
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 # pg_regress: inputs in sql/, outputs in expected/.
-REGRESS = setup take claim take_all quota inflight configure admin feedback headers errors privileges upgrade
+REGRESS = setup take storage claim take_all quota inflight configure admin feedback headers errors privileges upgrade
 REGRESS_OPTS = --inputdir=.
 
 # Isolation specs: test/specs/*.spec, outputs in test/expected/.
-ISOLATION = take-last-token take-refused-nowait ready-nowait take-upto take-all quota-last-unit inflight-last-slot configure-take configure-new-endpoint observe-take
+ISOLATION = take-last-token take-refused-nowait take-optimistic ready-nowait take-upto take-all quota-last-unit inflight-last-slot configure-take configure-new-endpoint observe-take
 ISOLATION_OPTS = --inputdir=test --load-extension=$(EXTENSION)
 
 # TAP tests (need libipc-run-perl): load checks, later crash/standby/dump.

@@ -26,6 +26,7 @@
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/float.h"
 #include "utils/array.h"
@@ -286,13 +287,57 @@ rb_check_request_fits(const RbTakeRequest *req, double capacity)
 }
 
 /*
+ * rb_take_optimistic
+ *		The usual take: read the row without locking it, read the clock,
+ *		decide, and write only if no other transaction has touched the row
+ *		since it was read (rb_storage_update_unchanged).  Then no write came
+ *		between our read and ours, and none can come before we commit: the
+ *		take is the one it would have been under the lock, with one row
+ *		operation instead of two.  A refusal writes nothing and locks
+ *		nothing, so its answer is the one a take ordered before any holder's
+ *		commit gets (see rb_peek_refuses).
+ *
+ *		Returns false, having written nothing, when the take must go the
+ *		locked way: the row is missing, held or written meanwhile, or the
+ *		limits or the request need the checks made under the lock.
+ */
+static bool
+rb_take_optimistic(text *endpoint, const RbTakeRequest *req,
+				   RbTakeResult *result, double *granted)
+{
+	RbBucket	bucket;
+	TimestampTz now;
+	bool		write;
+	double		rate;
+	double		capacity;
+
+	if (!rb_storage_peek(endpoint, &bucket))
+		return false;
+	now = GetCurrentTimestamp();
+	if (!rb_decide_request(&bucket, req, now, result, &write, granted,
+						   &rate, &capacity))
+		return false;
+	if (req->upto > 0 ? capacity < 1.0 : req->want > capacity)
+		return false;			/* an error, raised under the lock */
+	if (!write)
+		return true;			/* a refusal, or a take that changes nothing */
+
+	bucket.rate = rate;
+	bucket.capacity = capacity;
+	if (result->allowed)
+		rb_count_grant(&bucket, *granted, now);
+	return rb_storage_update_unchanged(&bucket);
+}
+
+/*
  * rb_take_request
  *		The take itself.  Sets *granted to the tokens granted (0 if refused).
  *
- * The usual path is one statement: lock the row (skipping it if another
- * transaction holds it), read the clock, decide, write.  If the row is held,
- * a take its committed state already refuses returns at once; any other
- * waits for the holder.  A missing row is created full, unless use_config.
+ * First optimistically (rb_take_optimistic).  Otherwise: lock the row
+ * (skipping it if another transaction holds it), read the clock, decide,
+ * write.  If the row is held, a take its committed state already refuses
+ * returns at once; any other waits for the holder.  A missing row is
+ * created full, unless use_config.
  */
 static RbTakeResult
 rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
@@ -306,6 +351,12 @@ rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 	double		capacity;
 
 	rb_storage_begin(&session);
+
+	if (rb_take_optimistic(endpoint, req, &result, granted))
+	{
+		rb_storage_end(&session);
+		return result;
+	}
 
 	if (!rb_storage_lock_skip(endpoint, &bucket))
 	{
@@ -414,6 +465,8 @@ ratebucket_take(PG_FUNCTION_ARGS)
 	RbTakeResult result;
 	double		granted;
 
+	PreventCommandIfReadOnly("bucket_take");
+
 	req.rate = rb_arg_rate(fcinfo, 1);
 	req.capacity = rb_arg_capacity(fcinfo, 2);
 	req.want = rb_arg_tokens(fcinfo, 3);
@@ -434,6 +487,8 @@ ratebucket_take_configured(PG_FUNCTION_ARGS)
 	RbTakeResult result;
 	double		granted;
 
+	PreventCommandIfReadOnly("bucket_take");
+
 	req.want = rb_arg_tokens(fcinfo, 1);
 	result = rb_take_request(endpoint, &req, &granted);
 	PG_RETURN_DATUM(rb_take_result_datum(fcinfo, &result));
@@ -452,6 +507,8 @@ ratebucket_take_upto(PG_FUNCTION_ARGS)
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	RbTakeResult result;
 	double		granted;
+
+	PreventCommandIfReadOnly("bucket_take_upto");
 
 	req.rate = rb_arg_rate(fcinfo, 1);
 	req.capacity = rb_arg_capacity(fcinfo, 2);
@@ -472,6 +529,8 @@ ratebucket_take_upto_configured(PG_FUNCTION_ARGS)
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	RbTakeResult result;
 	double		granted;
+
+	PreventCommandIfReadOnly("bucket_take_upto");
 
 	req.upto = rb_arg_count(fcinfo, 1, "max_tokens");
 	result = rb_take_request(endpoint, &req, &granted);
@@ -613,6 +672,8 @@ ratebucket_take_all(PG_FUNCTION_ARGS)
 	bool		nulls[3] = {false, false, false};
 	int			i;
 
+	PreventCommandIfReadOnly("bucket_take_all");
+
 	rb_storage_begin(&session);
 	for (i = 0; i < n; i++)
 		if (!rb_storage_lock(items[i].endpoint, &items[i].bucket))
@@ -686,7 +747,7 @@ rb_peek_take(text *endpoint, double want, int64 upto, double *granted)
 	bool		found;
 	RbTakeResult result = {true, 0.0, 0.0};
 
-	rb_storage_begin(&session);
+	rb_storage_begin_peek(&session);
 	found = rb_storage_peek(endpoint, &bucket);
 	rb_storage_end(&session);
 
