@@ -176,14 +176,25 @@ ratebucket_quota_now(PG_FUNCTION_ARGS)
 	TimestampTz at;
 	RbBucket	bucket;
 	TupleDesc	tupdesc;
-	Datum		values[4];
+	Datum		values[4] = {0, 0, 0, 0};
 	bool		nulls[4] = {true, true, true, true};
+	bool		rate_bucket;
 
 	if (PG_ARGISNULL(0))
 		PG_RETURN_NULL();
+	tupdesc = rb_result_tupdesc(fcinfo);
+
+	/*
+	 * A rate bucket, the usual row of the status view (and of the claim
+	 * recipe's look-ups through it): no need to read the whole row.
+	 */
+	(void) GetAttributeByName(PG_GETARG_HEAPTUPLEHEADER(0), "quota_period",
+							  &rate_bucket);
+	if (rate_bucket)
+		PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+
 	at = PG_ARGISNULL(1) ? GetCurrentTimestamp() : PG_GETARG_TIMESTAMPTZ(1);
 	rb_storage_from_row(PG_GETARG_HEAPTUPLEHEADER(0), &bucket);
-	tupdesc = rb_result_tupdesc(fcinfo);
 
 	if (rb_is_quota(&bucket) && !isnan(bucket.conf_capacity))
 	{
