@@ -95,7 +95,8 @@ CREATE TRIGGER webhook_events_notify
 --    park_after seconds: by default any): up to park_max of their due events
 --    move to the times their tokens will come, the first when the next token
 --    does (bucket_wait: a cooldown, an open breaker, a pause, or the refill),
---    the next ones one token apart at the effective rate.  So the next claims
+--    the next ones one token apart at the effective rate (a calendar quota,
+--    which has no rate, gets all of them back at its reset).  So the next claims
 --    do not walk over them again, lower-priority events of endpoints that
 --    have tokens go meanwhile, and each parked event comes back due about
 --    when it can be sent (at most a year ahead).  Attempts do not change.
@@ -171,10 +172,11 @@ BEGIN
         WHERE e.id = ANY (g.ids[g.granted + 1:])
     ), parked AS (
         UPDATE webhook_events e
-        SET next_attempt_at = now() + make_interval(secs => least(p.wait + (x.k - 1) / p.rate,
-                                                                  366 * 86400.0))
+        SET next_attempt_at = now() + make_interval(secs => least(
+                p.wait + CASE WHEN p.rate > 0 THEN (x.k - 1) / greatest(p.rate, 1e-9) ELSE 0 END,
+                366 * 86400.0))
         FROM (SELECT w.endpoint, ratebucket.bucket_wait(w.endpoint) AS wait,
-                     (SELECT greatest(b.effective_rate, 1e-9) FROM ratebucket.bucket_status b
+                     (SELECT b.effective_rate FROM ratebucket.bucket_status b
                       WHERE b.endpoint = w.endpoint) AS rate
               FROM walk w WHERE w.n = 0) p
         CROSS JOIN LATERAL (

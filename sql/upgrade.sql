@@ -185,6 +185,13 @@ FROM unnest(ARRAY['ratebucket.bucket_take_upto(text,float8,float8,int)',
 				  'ratebucket.bucket_take_upto(text,int)',
 				  'ratebucket.bucket_claimable(text,int)',
 				  'ratebucket.bucket_wait(text,float8)']) AS f;
+-- Nor those of 1.2, nor its columns.
+SELECT f AS function_of_1_2, to_regprocedure(f) IS NOT NULL AS exists
+FROM unnest(ARRAY['ratebucket.bucket_configure_quota(text,float8,text,text)',
+				  'ratebucket.quota_window(text,text,timestamptz)',
+				  'ratebucket.quota_now(ratebucket.buckets,timestamptz)']) AS f;
+SELECT count(*) AS quota_columns FROM pg_attribute
+WHERE attrelid = 'ratebucket.buckets'::regclass AND attname LIKE 'quota%';
 
 CREATE TEMP TABLE snap_10 AS SELECT * FROM pg_temp.ext_objects();
 
@@ -314,9 +321,12 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ratebucket FROM regress_rb_upgrade_worker;
 REVOKE ALL ON ratebucket.bucket_status FROM regress_rb_upgrade_worker;
 SELECT * FROM fresh_vs_updated ORDER BY object, property, side;
 
--- What the update changed, against the 1.0 snapshot: the 1.1 functions,
--- with all their properties (privileges and comments included), and
--- nothing else.  A later version's update adds its own lines here.
+-- What the update changed, against the 1.0 snapshot: the objects of 1.1
+-- (the claim helpers, bucket_take_all, the in-flight caps) and of 1.2 (the
+-- quota columns of the table and of the view, the view's new definition,
+-- bucket_configure_quota, quota_window, quota_now), with all their
+-- properties (privileges and comments included), and nothing else.  A later
+-- version's update adds its own lines here.
 SELECT coalesce(n.object, o.object) AS object, coalesce(n.property, o.property) AS property,
 	   o.value AS "1.0", n.value AS updated
 FROM snap_10 AS o
@@ -366,6 +376,14 @@ FROM ratebucket.bucket_status ORDER BY endpoint;
 SELECT outcome, breaker FROM ratebucket.bucket_observe('u:api', 500);
 SELECT ratebucket.bucket_resume('u:paused');
 SELECT allowed FROM ratebucket.bucket_take('u:paused');
+
+-- 1.2: an old row becomes a calendar quota (written through the columns
+-- the update added, in the session that ran the update), and the status
+-- view shows it.
+SELECT ratebucket.bucket_configure_quota('u:adhoc', 3, 'day', 'Asia/Tokyo');
+SELECT allowed, remaining FROM ratebucket.bucket_take('u:adhoc', 2);
+SELECT endpoint, configured, quota_period, quota_time_zone, quota, quota_used, quota_remaining
+FROM ratebucket.bucket_status WHERE endpoint = 'u:adhoc';
 
 DROP ROLE regress_rb_upgrade_worker, regress_rb_upgrade_nobody;
 

@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * admin.c
- *	  SQL-callable administration: bucket_configure, bucket_reset,
- *	  bucket_drop, bucket_pause and bucket_resume.  (bucket_expire is
+ *	  SQL-callable administration: bucket_configure,
+ *	  bucket_configure_quota, bucket_reset, bucket_drop, bucket_pause and
+ *	  bucket_resume.  (bucket_expire is
  *	  set-based SQL in the install script.)
  *
  * Each locks the endpoint's row first and reads the clock after, exactly
@@ -15,15 +16,18 @@
 
 #include "utils/builtins.h"
 #include "utils/datetime.h"
+#include "utils/float.h"
 #include "utils/timestamp.h"
 
 #include "adapt.h"
 #include "arith.h"
+#include "quota.h"
 #include "ratebucket.h"
 #include "storage.h"
 #include "validate.h"
 
 PG_FUNCTION_INFO_V1(ratebucket_configure);
+PG_FUNCTION_INFO_V1(ratebucket_configure_quota);
 PG_FUNCTION_INFO_V1(ratebucket_reset);
 PG_FUNCTION_INFO_V1(ratebucket_drop);
 PG_FUNCTION_INFO_V1(ratebucket_pause);
@@ -55,6 +59,9 @@ rb_set_config(RbBucket *bucket, const RbConfig *config, TimestampTz now)
 	bucket->configured_at = now;
 	if (bucket->state.tokens > config->capacity)
 		bucket->state.tokens = config->capacity;
+	/* a rate bucket, whatever it was */
+	bucket->quota_period[0] = '\0';
+	bucket->quota_time_zone[0] = '\0';
 }
 
 /*
@@ -111,6 +118,122 @@ ratebucket_configure(PG_FUNCTION_ARGS)
 				   bucket.rate * rb_factor_now(&bucket.adapt, &policy, now),
 				   bucket.capacity, now);
 		rb_set_config(&bucket, &config, now);
+		rb_storage_update(&bucket);
+	}
+
+	rb_storage_end(&session);
+	PG_RETURN_VOID();
+}
+
+/*
+ * rb_set_quota
+ *		Make a bucket a calendar quota of "quota" per "period" in the zone
+ *		named "zone" (both already checked and canonical), configured at
+ *		"now".  What was used in the current window is kept, whatever the
+ *		old quota was: raising a quota at noon gives the difference, not a
+ *		second full quota.  A rate bucket becoming a quota starts its window
+ *		with the full quota (what it took counted against another limit).
+ *		The feedback policy goes back to the defaults; what feedback taught
+ *		(a cooldown, a pause, the breaker) is kept, as bucket_configure does.
+ */
+static void
+rb_set_quota(RbBucket *bucket, double quota, const char *period,
+			 const char *zone, TimestampTz now)
+{
+	double		used = 0.0;
+
+	if (rb_is_quota(bucket) && !isnan(bucket->conf_capacity) &&
+		rb_quota_period(bucket->quota_period) != RB_QUOTA_NONE &&
+		rb_quota_zone(bucket->quota_time_zone) != NULL)
+	{
+		TimestampTz start;
+		TimestampTz end;
+
+		rb_bucket_quota_window(bucket, Max(now, bucket->state.refilled_at),
+							   &start, &end);
+		used = bucket->conf_capacity -
+			rb_quota_tokens(&bucket->state, bucket->conf_capacity, start);
+		if (used < 0.0)
+			used = 0.0;
+		if (now > bucket->state.refilled_at)
+			bucket->state.refilled_at = now;
+	}
+	else
+		bucket->state.refilled_at = now;	/* take back a cooldown's refill time */
+
+	bucket->state.tokens = quota > used ? quota - used : 0.0;
+	bucket->rate = 0.0;
+	bucket->capacity = quota;
+	bucket->conf_rate = 0.0;
+	bucket->conf_capacity = quota;
+	bucket->conf_floor_rate = get_float8_nan();
+	bucket->conf_throttle_factor = get_float8_nan();
+	bucket->conf_recovery_factor = get_float8_nan();
+	bucket->conf_breaker_failures = -1;
+	bucket->configured_at = now;
+	strlcpy(bucket->quota_period, period, RB_TEXT_LEN);
+	strlcpy(bucket->quota_time_zone, zone, RB_TEXT_LEN);
+}
+
+/*
+ * bucket_configure_quota(endpoint text, quota float8, period text,
+ *						  time_zone text)
+ *		Make the endpoint's bucket a calendar quota: "quota" tokens per hour,
+ *		day, week or month of the named time zone, all of them again at
+ *		each boundary.  Everything is checked before any row is touched.
+ */
+Datum
+ratebucket_configure_quota(PG_FUNCTION_ARGS)
+{
+	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
+	double		quota;
+	RbQuotaPeriod period;
+	pg_tz	   *tz;
+	char	   *name;
+	char		zone[RB_TEXT_LEN];
+	RbStorageSession session;
+	RbBucket	bucket;
+	RbBucket	fresh;
+	TimestampTz now;
+
+	if (PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("quota, period and time_zone must not be null")));
+	quota = PG_GETARG_FLOAT8(1);
+	if (isnan(quota) || isinf(quota) || quota <= 0.0 || quota > RB_MAX_CAPACITY)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("quota must be greater than 0 and at most %g", RB_MAX_CAPACITY),
+				 errdetail("The value given was %s.", float8out_internal(quota))));
+
+	name = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	period = rb_quota_period(name);
+	if (period == RB_QUOTA_NONE)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("quota period \"%s\" is not recognized", name),
+				 errhint("Use one of: %s.", RB_QUOTA_PERIODS)));
+
+	/* the zone as date_trunc and SET TIME ZONE name it (22023 if unknown) */
+	name = text_to_cstring(PG_GETARG_TEXT_PP(3));
+	tz = rb_quota_zone(name);
+	if (tz == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("time zone \"%s\" not recognized", name),
+				 errhint("Name a zone of the time zone database, such as 'America/New_York' or 'UTC' (see pg_timezone_names); an abbreviation such as 'PST' has no calendar of its own.")));
+	strlcpy(zone, pg_get_timezone_name(tz), sizeof(zone));
+
+	rb_storage_begin(&session);
+
+	now = GetCurrentTimestamp();
+	rb_new_bucket(&fresh, 0.0, quota, now);
+	rb_set_quota(&fresh, quota, rb_quota_period_name(period), zone, now);
+	if (rb_storage_lock_or_insert(endpoint, &bucket, &fresh))
+	{
+		now = GetCurrentTimestamp();
+		rb_set_quota(&bucket, quota, rb_quota_period_name(period), zone, now);
 		rb_storage_update(&bucket);
 	}
 

@@ -20,6 +20,9 @@
  * effective rate.  A malformed header is the destination's fault, not the
  * caller's: it is counted and ignored (a 429 then gets the default
  * cooldown).
+ * A calendar quota takes cooldowns, pauses and the breaker (they refuse
+ * its takes without spending its quota), but no rate adaptation: it has no
+ * rate, and its count is the provider's own.
  *
  *-------------------------------------------------------------------------
  */
@@ -202,8 +205,18 @@ ratebucket_observe(PG_FUNCTION_ARGS)
 		}
 		if (cool)
 		{
-			rb_cool_down(&bucket.state, &bucket.adapt,
-						 now + rb_clamp_cooldown(&policy, cooldown));
+			int64		until = now + rb_clamp_cooldown(&policy, cooldown);
+
+			/*
+			 * A calendar quota keeps what is left of its window: the
+			 * cooldown refuses its takes until it ends (rb_quota_take)
+			 * without spending the quota.
+			 */
+			if (!rb_is_quota(&bucket))
+				rb_cool_down(&bucket.state, &bucket.adapt, until);
+			else if (bucket.adapt.cooldown_until == RB_NO_TIME ||
+					 bucket.adapt.cooldown_until < until)
+				bucket.adapt.cooldown_until = until;
 			if (bucket.adapt.cooldown_until != before_cooldown)
 				bucket.cooldowns++;
 		}
@@ -217,13 +230,16 @@ ratebucket_observe(PG_FUNCTION_ARGS)
 		 */
 		if (outcome == RB_OUTCOME_THROTTLED)
 		{
-			if (before_cooldown == RB_NO_TIME || before_cooldown <= now)
+			/* (a quota has no rate to lower: its count is the provider's) */
+			if (!rb_is_quota(&bucket) &&
+				(before_cooldown == RB_NO_TIME || before_cooldown <= now))
 				rb_lower_factor(&bucket.adapt, &policy,
 								rb_factor_now(&bucket.adapt, &policy, now) *
 								policy.throttle_factor, now);
 			bucket.throttles++;
 		}
-		if (rl.has_limit && rl.has_window && rl.window_seconds > 0)
+		if (rl.has_limit && rl.has_window && rl.window_seconds > 0 &&
+			!rb_is_quota(&bucket))
 			rb_lower_factor(&bucket.adapt, &policy,
 							rl.limit / rl.window_seconds / ceiling, now);
 

@@ -25,5 +25,7 @@ extern double rb_bucket_ceiling(const RbBucket *bucket);
 extern void rb_new_bucket(RbBucket *bucket, double rate, double capacity,
 						  TimestampTz now);
 extern int64 rb_peek_grantable(text *endpoint, int64 upto);
+extern void rb_bucket_quota_window(const RbBucket *bucket, TimestampTz at,
+								   TimestampTz *start, TimestampTz *end);
 
 #endif							/* RATEBUCKET_H */

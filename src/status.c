@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * status.c
- *	  SQL-callable arithmetic for monitoring: refill_tokens and bucket_now.
+ *	  SQL-callable arithmetic for monitoring: refill_tokens, bucket_now,
+ *	  and for calendar quotas quota_window and quota_now.
  *
  * The status view computes "tokens now", the effective rate, the cooldown
  * and the breaker with the very functions the takes use, so what an
@@ -19,11 +20,14 @@
 
 #include "adapt.h"
 #include "arith.h"
+#include "quota.h"
 #include "ratebucket.h"
 #include "storage.h"
 
 PG_FUNCTION_INFO_V1(ratebucket_refill_tokens);
 PG_FUNCTION_INFO_V1(ratebucket_bucket_now);
+PG_FUNCTION_INFO_V1(ratebucket_quota_window);
+PG_FUNCTION_INFO_V1(ratebucket_quota_now);
 
 /*
  * refill_tokens(tokens, rate, capacity, refilled_at, at) returns float8
@@ -82,9 +86,20 @@ ratebucket_bucket_now(PG_FUNCTION_ARGS)
 	ceiling = rb_bucket_ceiling(&bucket);
 	capacity = rb_is_configured(&bucket) ? bucket.conf_capacity : bucket.capacity;
 	rb_bucket_policy(&bucket, ceiling, &policy);
-	tokens = rb_refill(bucket.state.tokens,
-					   ceiling * rb_factor_now(&bucket.adapt, &policy, at),
-					   capacity, bucket.state.refilled_at, at);
+	if (rb_is_quota(&bucket))
+	{
+		TimestampTz start;
+		TimestampTz end;
+
+		/* a quota: what is left of the window "at" falls in */
+		rb_bucket_quota_window(&bucket, Max(at, bucket.state.refilled_at),
+							   &start, &end);
+		tokens = rb_quota_tokens(&bucket.state, capacity, start);
+	}
+	else
+		tokens = rb_refill(bucket.state.tokens,
+						   ceiling * rb_factor_now(&bucket.adapt, &policy, at),
+						   capacity, bucket.state.refilled_at, at);
 	breaker = rb_breaker_state(&bucket.adapt, at);
 
 	values[0] = Float8GetDatum(tokens);
@@ -101,5 +116,100 @@ ratebucket_bucket_now(PG_FUNCTION_ARGS)
 		nulls[6] = true;
 	values[7] = BoolGetDatum(tokens >= capacity &&
 							 rb_adapt_is_idle(&bucket.adapt, &policy, at));
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/*
+ * quota_window(period text, time_zone text, at timestamptz)
+ *		returns (window_start timestamptz, resets_at timestamptz)
+ *		The window of a quota's period in the zone that contains "at": what
+ *		the takes of a quota use, for checking the calendar arithmetic at
+ *		an explicit time.  The same checks as bucket_configure_quota.
+ */
+Datum
+ratebucket_quota_window(PG_FUNCTION_ARGS)
+{
+	RbQuotaPeriod period;
+	pg_tz	   *tz;
+	char	   *name;
+	TimestampTz at;
+	TimestampTz start;
+	TimestampTz end;
+	TupleDesc	tupdesc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		PG_RETURN_NULL();
+	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	period = rb_quota_period(name);
+	if (period == RB_QUOTA_NONE)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("quota period \"%s\" is not recognized", name),
+				 errhint("Use one of: %s.", RB_QUOTA_PERIODS)));
+	name = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	tz = rb_quota_zone(name);
+	if (tz == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("time zone \"%s\" not recognized", name)));
+	at = PG_GETARG_TIMESTAMPTZ(2);
+	rb_quota_window(period, tz, at, &start, &end);
+
+	tupdesc = rb_result_tupdesc(fcinfo);
+	values[0] = TimestampTzGetDatum(start);
+	values[1] = TimestampTzGetDatum(end);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/*
+ * quota_now(b ratebucket.buckets, at timestamptz)
+ *		returns (used float8, remaining float8, window_start timestamptz,
+ *				 resets_at timestamptz)
+ *		A quota bucket's window at "at": what was used of it, what is left,
+ *		when it started and when it resets.  All NULL for a rate bucket.
+ */
+Datum
+ratebucket_quota_now(PG_FUNCTION_ARGS)
+{
+	TimestampTz at;
+	RbBucket	bucket;
+	TupleDesc	tupdesc;
+	Datum		values[4] = {0, 0, 0, 0};
+	bool		nulls[4] = {true, true, true, true};
+	bool		rate_bucket;
+
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	tupdesc = rb_result_tupdesc(fcinfo);
+
+	/*
+	 * A rate bucket, the usual row of the status view (and of the claim
+	 * recipe's look-ups through it): no need to read the whole row.
+	 */
+	(void) GetAttributeByName(PG_GETARG_HEAPTUPLEHEADER(0), "quota_period",
+							  &rate_bucket);
+	if (rate_bucket)
+		PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+
+	at = PG_ARGISNULL(1) ? GetCurrentTimestamp() : PG_GETARG_TIMESTAMPTZ(1);
+	rb_storage_from_row(PG_GETARG_HEAPTUPLEHEADER(0), &bucket);
+
+	if (rb_is_quota(&bucket) && !isnan(bucket.conf_capacity))
+	{
+		TimestampTz start;
+		TimestampTz end;
+		double		left;
+
+		rb_bucket_quota_window(&bucket, Max(at, bucket.state.refilled_at),
+							   &start, &end);
+		left = rb_quota_tokens(&bucket.state, bucket.conf_capacity, start);
+		values[0] = Float8GetDatum(bucket.conf_capacity - left);
+		values[1] = Float8GetDatum(left);
+		values[2] = TimestampTzGetDatum(start);
+		values[3] = TimestampTzGetDatum(end);
+		nulls[0] = nulls[1] = nulls[2] = nulls[3] = false;
+	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }

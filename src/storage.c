@@ -59,17 +59,26 @@ typedef enum RbColumnKind
 	RB_I4N,						/* int4, NULL <-> -1 */
 	RB_I8,						/* int8 NOT NULL */
 	RB_TS,						/* timestamptz NOT NULL */
-	RB_TSN						/* timestamptz, NULL <-> RB_NO_TIME */
+	RB_TSN,						/* timestamptz, NULL <-> RB_NO_TIME */
+	RB_TXTN						/* text, NULL <-> "" (char[RB_TEXT_LEN]) */
 } RbColumnKind;
 
+/*
+ * A column added by an update script is "optional": a database whose
+ * schema has not been updated yet (the new library is installed, ALTER
+ * EXTENSION UPDATE has not run) lacks it.  There it reads as NULL and is
+ * never written, so the functions of the old version keep working.
+ */
 typedef struct RbColumn
 {
 	const char *name;
 	RbColumnKind kind;
 	size_t		offset;			/* in RbBucket */
+	bool		optional;		/* may be missing (added by an update) */
 } RbColumn;
 
-#define COL(name, kind, field) {name, kind, offsetof(RbBucket, field)}
+#define COL(name, kind, field) {name, kind, offsetof(RbBucket, field), false}
+#define COL_OPT(name, kind, field) {name, kind, offsetof(RbBucket, field), true}
 
 static const RbColumn rb_columns[] = {
 	COL("rate", RB_F8, rate),
@@ -104,11 +113,22 @@ static const RbColumn rb_columns[] = {
 	COL("malformed_headers", RB_I8, malformed_headers),
 	COL("last_status", RB_I4N, last_status),
 	COL("last_observed_at", RB_TSN, last_observed_at),
+	/* 1.2: calendar quotas */
+	COL_OPT("quota_period", RB_TXTN, quota_period),
+	COL_OPT("quota_time_zone", RB_TXTN, quota_time_zone),
 };
 
 #define RB_NCOLUMNS ((int) lengthof(rb_columns))
 
-/* The statements, built once from rb_columns by rb_storage_init. */
+/*
+ * Which columns the table has (every one but an optional column missing
+ * from a schema not yet updated), and whether the statements below were
+ * built for that set.
+ */
+static bool column_present[RB_NCOLUMNS];
+static bool statements_built = false;
+
+/* The statements, built from rb_columns by rb_storage_build. */
 static char *lock_sql;
 static char *lock_skip_sql;
 static char *peek_sql;
@@ -164,6 +184,8 @@ rb_column_type(RbColumnKind kind)
 			return INT4OID;
 		case RB_I8:
 			return INT8OID;
+		case RB_TXTN:
+			return TEXTOID;
 		case RB_TS:
 		case RB_TSN:
 			break;
@@ -171,12 +193,22 @@ rb_column_type(RbColumnKind kind)
 	return TIMESTAMPTZOID;
 }
 
+/* Forget a saved plan (the statements are being rebuilt). */
+static void
+rb_forget_plan(SPIPlanPtr *plan)
+{
+	if (*plan != NULL)
+		SPI_freeplan(*plan);
+	*plan = NULL;
+}
+
 /*
- * rb_storage_init
- *		Called once from _PG_init.
+ * rb_storage_build
+ *		Build the statements from the columns present (column_present), and
+ *		forget the plans of any earlier build.
  */
-void
-rb_storage_init(void)
+static void
+rb_storage_build(void)
 {
 	MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
 	StringInfoData cols;
@@ -184,6 +216,21 @@ rb_storage_init(void)
 	StringInfoData insert;
 	StringInfoData update;
 	int			i;
+	int			n = 0;
+
+	if (statements_built)
+	{
+		pfree(lock_sql);
+		pfree(lock_skip_sql);
+		pfree(peek_sql);
+		pfree(insert_sql);
+		pfree(update_sql);
+		rb_forget_plan(&lock_plan);
+		rb_forget_plan(&lock_skip_plan);
+		rb_forget_plan(&peek_plan);
+		rb_forget_plan(&insert_plan);
+		rb_forget_plan(&update_plan);
+	}
 
 	initStringInfo(&cols);
 	initStringInfo(&insert);
@@ -194,17 +241,18 @@ rb_storage_init(void)
 	update_argtypes[0] = TIDOID;
 	for (i = 0; i < RB_NCOLUMNS; i++)
 	{
+		if (!column_present[i])
+			continue;
 		appendStringInfo(&cols, ", %s", rb_columns[i].name);
 		appendStringInfo(&insert, ", %s", rb_columns[i].name);
-		appendStringInfo(&update, "%s%s = $%d", i > 0 ? ", " : "",
-						 rb_columns[i].name, i + 2);
-		insert_argtypes[i + 1] = update_argtypes[i + 1] =
+		appendStringInfo(&update, "%s%s = $%d", n > 0 ? ", " : "",
+						 rb_columns[i].name, n + 2);
+		insert_argtypes[n + 1] = update_argtypes[n + 1] =
 			rb_column_type(rb_columns[i].kind);
-		direct_columns[i].name = rb_columns[i].name;
-		direct_columns[i].type = rb_column_type(rb_columns[i].kind);
+		n++;
 	}
 	appendStringInfoString(&insert, ") VALUES ($1");
-	for (i = 0; i < RB_NCOLUMNS; i++)
+	for (i = 0; i < n; i++)
 		appendStringInfo(&insert, ", $%d", i + 2);
 	appendStringInfoString(&insert, ") ON CONFLICT (endpoint) DO NOTHING");
 	appendStringInfoString(&update, " WHERE ctid OPERATOR(pg_catalog.=) $1");
@@ -221,9 +269,52 @@ rb_storage_init(void)
 	pfree(cols.data);
 	pfree(select.data);
 	MemoryContextSwitchTo(oldcxt);
+	statements_built = true;
+}
 
+/*
+ * rb_storage_init
+ *		Called once from _PG_init.  The statements are built on first use,
+ *		when the table's columns can be looked up.
+ */
+void
+rb_storage_init(void)
+{
+	int			i;
+
+	for (i = 0; i < RB_NCOLUMNS; i++)
+	{
+		direct_columns[i].name = rb_columns[i].name;
+		direct_columns[i].type = rb_column_type(rb_columns[i].kind);
+	}
 	CacheRegisterRelcacheCallback(rb_storage_relcache_callback, (Datum) 0);
 	rb_direct_init();
+}
+
+/*
+ * rb_find_columns
+ *		Which of rb_columns the table has; rebuild the statements if that
+ *		changed (an update added columns) or they were never built.  (The
+ *		direct path reads and writes every column: it serves only a table
+ *		that has them all, see rb_direct_begin's shape check.)
+ */
+static void
+rb_find_columns(Oid relid)
+{
+	bool		changed = !statements_built;
+	int			i;
+
+	for (i = 0; i < RB_NCOLUMNS; i++)
+	{
+		bool		present = !rb_columns[i].optional ||
+			get_attnum(relid, rb_columns[i].name) != InvalidAttrNumber;
+
+		if (present != column_present[i])
+			changed = true;
+		column_present[i] = present;
+	}
+	if (changed)
+		rb_storage_build();
 }
 
 /* Find ratebucket.buckets and its owner, or complain that it is missing. */
@@ -249,6 +340,7 @@ rb_lookup_table(void)
 		elog(ERROR, "cache lookup failed for relation %u", relid);
 	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
 	ReleaseSysCache(tuple);
+	rb_find_columns(relid);
 	table_relid = relid;
 	table_owner = owner;
 }
@@ -339,14 +431,51 @@ rb_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
 	return *plan;
 }
 
+/* Set a column of a bucket to what NULL reads as. */
+static void
+rb_null_column(const RbColumn *col, RbBucket *bucket)
+{
+	char	   *field = (char *) bucket + col->offset;
+
+	switch (col->kind)
+	{
+		case RB_F8:
+		case RB_F8N:
+			*(double *) field = get_float8_nan();
+			break;
+		case RB_I4:
+		case RB_I4N:
+			*(int32 *) field = -1;
+			break;
+		case RB_I8:
+			*(int64 *) field = 0;
+			break;
+		case RB_TS:
+		case RB_TSN:
+			*(TimestampTz *) field = RB_NO_TIME;
+			break;
+		case RB_TXTN:
+			field[0] = '\0';
+			break;
+	}
+}
+
 /* Store a column's value in the bucket's field. */
 static void
 rb_read_value(const RbColumn *col, Datum d, bool isnull, RbBucket *bucket)
 {
 	char	   *field = (char *) bucket + col->offset;
 
+	if (isnull)
+	{
+		rb_null_column(col, bucket);
+		return;
+	}
 	switch (col->kind)
 	{
+		case RB_TXTN:
+			text_to_cstring_buffer(DatumGetTextPP(d), field, RB_TEXT_LEN);
+			break;
 		case RB_F8:
 		case RB_F8N:
 			*(double *) field = isnull ? get_float8_nan() : DatumGetFloat8(d);
@@ -411,6 +540,15 @@ rb_bind_column(const RbColumn *col, const RbBucket *bucket,
 			if (col->kind == RB_TSN && *(const TimestampTz *) field == RB_NO_TIME)
 				*null = 'n';
 			break;
+		case RB_TXTN:
+			if (field[0] == '\0')
+			{
+				*value = (Datum) 0;
+				*null = 'n';
+			}
+			else
+				*value = CStringGetTextDatum(field);
+			break;
 	}
 }
 
@@ -446,6 +584,7 @@ rb_select(SPIPlanPtr *plan, const char *sql, text *endpoint, RbBucket *bucket)
 	bool		isnull;
 	int			rc;
 	int			i;
+	int			attno = 2;
 
 	rb_spi_connect();
 	values[0] = PointerGetDatum(endpoint);
@@ -461,7 +600,12 @@ rb_select(SPIPlanPtr *plan, const char *sql, text *endpoint, RbBucket *bucket)
 	memset(bucket, 0, sizeof(*bucket));
 	bucket->tid = *((ItemPointer) DatumGetPointer(SPI_getbinval(tuple, desc, 1, &isnull)));
 	for (i = 0; i < RB_NCOLUMNS; i++)
-		rb_read_column(&rb_columns[i], tuple, desc, i + 2, bucket);
+	{
+		if (column_present[i])
+			rb_read_column(&rb_columns[i], tuple, desc, attno++, bucket);
+		else
+			rb_null_column(&rb_columns[i], bucket);
+	}
 	return true;
 }
 
@@ -488,9 +632,12 @@ rb_storage_from_row(HeapTupleHeader row, RbBucket *bucket)
 	{
 		int			attno = SPI_fnumber(desc, rb_columns[i].name);
 
-		if (attno <= 0)
+		if (attno <= 0 && rb_columns[i].optional)
+			rb_null_column(&rb_columns[i], bucket);
+		else if (attno <= 0)
 			elog(ERROR, "bucket row has no column \"%s\"", rb_columns[i].name);
-		rb_read_column(&rb_columns[i], &tuple, desc, attno, bucket);
+		else
+			rb_read_column(&rb_columns[i], &tuple, desc, attno, bucket);
 	}
 	ReleaseTupleDesc(desc);
 }
@@ -546,13 +693,18 @@ rb_write(SPIPlanPtr *plan, const char *sql, Oid *argtypes, Datum first,
 	char		nulls[RB_NCOLUMNS + 1];
 	int			rc;
 	int			i;
+	int			n = 0;
 
 	rb_spi_connect();
 	values[0] = first;
 	nulls[0] = ' ';
 	for (i = 0; i < RB_NCOLUMNS; i++)
-		rb_bind_column(&rb_columns[i], bucket, &values[i + 1], &nulls[i + 1]);
-	rc = SPI_execute_plan(rb_plan(plan, sql, RB_NCOLUMNS + 1, argtypes),
+		if (column_present[i])
+		{
+			rb_bind_column(&rb_columns[i], bucket, &values[n + 1], &nulls[n + 1]);
+			n++;
+		}
+	rc = SPI_execute_plan(rb_plan(plan, sql, n + 1, argtypes),
 						  values, nulls, false, 0);
 	if (rc != expect)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));

@@ -23,10 +23,13 @@
 #include "adapt.h"
 #include "arith.h"
 
+/* Room for a text column of RbBucket, terminating NUL included. */
+#define RB_TEXT_LEN 256
+
 /*
  * One bucket row, as the C code sees it.  A NULL column reads as NaN (for
- * float8), -1 (for int4) or RB_NO_TIME (for timestamptz), and is written
- * back as NULL.
+ * float8), -1 (for int4), RB_NO_TIME (for timestamptz) or "" (for text),
+ * and is written back as NULL.
  */
 typedef struct RbBucket
 {
@@ -56,9 +59,13 @@ typedef struct RbBucket
 	int64		malformed_headers;
 	int32		last_status;
 	TimestampTz last_observed_at;
+	/* calendar quota (bucket_configure_quota); "" for a rate bucket */
+	char		quota_period[RB_TEXT_LEN];
+	char		quota_time_zone[RB_TEXT_LEN];
 } RbBucket;
 
 #define rb_is_configured(bucket) (!isnan((bucket)->conf_rate))
+#define rb_is_quota(bucket) ((bucket)->quota_period[0] != '\0')
 
 /* What rb_storage_begin saved, for rb_storage_end to restore. */
 typedef struct RbStorageSession

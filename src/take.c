@@ -5,6 +5,11 @@
  *	  forms of each), bucket_take_all, and the peeks bucket_ready and
  *	  bucket_wait.
  *
+ * A calendar quota (bucket_configure_quota) is a bucket too: every take and
+ * peek here decides it by rb_quota_take instead of the token arithmetic,
+ * so it can be taken alone, in a bucket_take_all with rate buckets, or
+ * peeked by a claim.
+ *
  * A take locks the endpoint's row, then reads the clock, refills, takes if
  * it can, and writes the row back, all before the caller's transaction ends:
  * every taker of one bucket shares one clock and one order, and a take that
@@ -29,6 +34,7 @@
 
 #include "adapt.h"
 #include "arith.h"
+#include "quota.h"
 #include "ratebucket.h"
 #include "storage.h"
 #include "validate.h"
@@ -94,6 +100,33 @@ rb_not_configured(text *endpoint, bool explicit)
 }
 
 /*
+ * rb_bucket_quota_window
+ *		The window of a quota bucket's period and zone that contains "at".
+ *		The zone was checked when the quota was configured; one that the
+ *		time zone database no longer knows is an error, not a guess.
+ */
+void
+rb_bucket_quota_window(const RbBucket *bucket, TimestampTz at,
+					   TimestampTz *start, TimestampTz *end)
+{
+	RbQuotaPeriod period = rb_quota_period(bucket->quota_period);
+	pg_tz	   *tz = rb_quota_zone(bucket->quota_time_zone);
+
+	if (period == RB_QUOTA_NONE)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("quota period \"%s\" is not one of %s",
+						bucket->quota_period, RB_QUOTA_PERIODS),
+				 errhint("Configure the quota again with ratebucket.bucket_configure_quota.")));
+	if (tz == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("time zone \"%s\" not recognized", bucket->quota_time_zone),
+				 errhint("Configure the quota again with ratebucket.bucket_configure_quota.")));
+	rb_quota_window(period, tz, at, start, end);
+}
+
+/*
  * rb_decide
  *		Decide a take from a bucket row at "now" with the take's limits
  *		(rb_decide_take, with the policy in force): of "want" tokens, or with
@@ -108,6 +141,20 @@ rb_decide(RbBucket *bucket, double rate, double capacity, double want,
 {
 	RbPolicy	policy;
 	RbTakeResult result;
+
+	if (rb_is_quota(bucket))
+	{
+		TimestampTz start;
+		TimestampTz end;
+
+		/* a quota: "capacity" is the quota, nothing refills at a rate */
+		rb_bucket_policy(bucket, rb_bucket_ceiling(bucket), &policy);
+		rb_bucket_quota_window(bucket, Max(now, bucket->state.refilled_at),
+							   &start, &end);
+		return rb_quota_take(&bucket->state, &bucket->adapt, &policy,
+							 capacity, start, end, want, upto, now,
+							 write, granted);
+	}
 
 	rb_bucket_policy(bucket, rate, &policy);
 	if (upto > 0)
@@ -135,11 +182,20 @@ rb_decide(RbBucket *bucket, double rate, double capacity, double want,
  *		(false if there is none).  The explicit form uses the call's limits,
  *		but on a configured endpoint they can only tighten the configured
  *		ones: a role allowed to take cannot loosen an operator's limit.
+ *		A calendar quota has no rate to tighten: the explicit form is an
+ *		error there rather than a silent change of meaning.
  */
 static bool
 rb_limits_for(const RbBucket *bucket, bool use_config,
 			  double *rate, double *capacity)
 {
+	if (!use_config && rb_is_quota(bucket))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("bucket is a calendar quota (%g per %s, %s): it takes no rate and capacity",
+						bucket->conf_capacity, bucket->quota_period,
+						bucket->quota_time_zone),
+				 errhint("Take from it with bucket_take(endpoint, tokens), bucket_take_upto(endpoint, max_tokens) or bucket_take_all.")));
 	if (use_config)
 	{
 		if (!rb_is_configured(bucket))

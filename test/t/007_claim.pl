@@ -146,6 +146,25 @@ ok($first > 0 && $first <= 0.51, "an endpoint short of tokens: its first event d
 is($span, '9.50', 'the next ones one token apart (20 events at 2/s: 9.5 s)');
 is($ordered, 't', 'attempts unchanged');
 
+# ------------------------------------------------------ a calendar quota --
+
+# An endpoint whose limit is a calendar quota (3 a day): a claim takes what
+# the quota has left; the next parks the rest until the quota resets, all of
+# them then (not one token apart at a rate a quota does not have).
+clean();
+sql(q{
+SELECT ratebucket.bucket_configure_quota('daily', 3, 'day', 'Asia/Tokyo');
+INSERT INTO webhook_events (endpoint) SELECT 'daily' FROM generate_series(1, 10);
+});
+is(sql(q{SELECT count(*) FROM claim_events(80, 10)}), '3',
+	'a quota endpoint: a claim takes what the quota has left');
+is(sql(q{SELECT count(*) FROM claim_events(80, 10)}), '0', 'and the next one nothing');
+is(sql(q{
+SELECT count(*) || ' ' || bool_and(abs(extract(epoch FROM next_attempt_at - (
+		   SELECT quota_resets_at FROM ratebucket.bucket_status WHERE endpoint = 'daily'))) < 1)
+FROM webhook_events WHERE endpoint = 'daily' AND status = 'pending' AND attempts = 0}),
+	'7 true', 'its other 7 events are parked until the quota resets, all of them');
+
 # ----------------------------------------------- locked rows cost nothing --
 
 clean();
