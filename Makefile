@@ -15,6 +15,7 @@ OBJS = \
 	src/ratebucket.o \
 	src/status.o \
 	src/storage.o \
+	src/stripe.o \
 	src/take.o \
 	src/validate.o
 

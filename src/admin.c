@@ -21,6 +21,7 @@
 #include "arith.h"
 #include "ratebucket.h"
 #include "storage.h"
+#include "stripe.h"
 #include "validate.h"
 
 PG_FUNCTION_INFO_V1(ratebucket_configure);
@@ -111,6 +112,12 @@ ratebucket_configure(PG_FUNCTION_ARGS)
 				   bucket.rate * rb_factor_now(&bucket.adapt, &policy, now),
 				   bucket.capacity, now);
 		rb_set_config(&bucket, &config, now);
+		if (rb_is_stripe_parent(&bucket))
+		{
+			/* the row holds no tokens: the stripes take the new limits / k */
+			bucket.state.tokens = 0.0;
+			rb_stripe_sync(endpoint, &bucket, RB_SYNC_CONFIG);
+		}
 		rb_storage_update(&bucket);
 	}
 
@@ -141,10 +148,15 @@ ratebucket_reset(PG_FUNCTION_ARGS)
 	{
 		TimestampTz now = GetCurrentTimestamp();
 
-		/* a cooldown may have put the refill time ahead: take it back */
-		bucket.state.refilled_at = now;
-		bucket.state.tokens = bucket.capacity;
 		rb_adapt_init(&bucket.adapt);
+		if (rb_is_stripe_parent(&bucket))
+			rb_stripe_sync(endpoint, &bucket, RB_SYNC_RESET);
+		else
+		{
+			/* a cooldown may have put the refill time ahead: take it back */
+			bucket.state.refilled_at = now;
+			bucket.state.tokens = bucket.capacity;
+		}
 		rb_storage_update(&bucket);
 	}
 	rb_storage_end(&session);
@@ -160,9 +172,14 @@ ratebucket_drop(PG_FUNCTION_ARGS)
 {
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	RbStorageSession session;
+	RbBucket	bucket;
 	bool		found;
 
+
 	rb_storage_begin(&session);
+	found = rb_storage_lock(endpoint, &bucket);
+	if (found && rb_is_stripe_parent(&bucket))
+		rb_stripe_drop(endpoint);
 	found = rb_storage_delete(endpoint);
 	rb_storage_end(&session);
 	PG_RETURN_BOOL(found);
@@ -184,6 +201,8 @@ rb_set_pause(text *endpoint, TimestampTz until)
 	if (found)
 	{
 		bucket.adapt.paused_until = until;
+		if (rb_is_stripe_parent(&bucket))
+			rb_stripe_sync(endpoint, &bucket, RB_SYNC_ADAPT);
 		rb_storage_update(&bucket);
 	}
 	rb_storage_end(&session);

@@ -30,6 +30,7 @@
 #include "arith.h"
 #include "ratebucket.h"
 #include "storage.h"
+#include "stripe.h"
 #include "validate.h"
 
 PG_FUNCTION_INFO_V1(ratebucket_take);
@@ -230,6 +231,124 @@ rb_check_request_fits(const RbTakeRequest *req, double capacity)
 }
 
 /*
+ * rb_take_stripe
+ *		rb_take_request's decision on one stripe its caller has locked, of an
+ *		endpoint striped over k: the request's limits were already divided by
+ *		k, and the take must fit in one stripe.
+ */
+static void
+rb_take_stripe(text *endpoint, int k, RbBucket *stripe,
+			   const RbTakeRequest *req, RbTakeResult *result, double *granted)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	double		rate = req->rate;
+	double		capacity = req->capacity;
+	bool		write;
+
+	if (!rb_limits_for(stripe, req->use_config, &rate, &capacity))
+		elog(ERROR, "a stripe of endpoint \"%s\" has no configuration",
+			 text_to_cstring(endpoint));
+	if (req->upto > 0 ? capacity < 1.0 : req->want > capacity)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a take of %g tokens does not fit in one stripe of endpoint \"%s\"",
+						req->upto > 0 ? 1.0 : req->want, text_to_cstring(endpoint)),
+				 errdetail("The endpoint is striped over %d stripes of %g tokens each, and a take is granted by one stripe.",
+						   k, capacity),
+				 errhint("Take at most %g tokens at once, or use fewer stripes (ratebucket.bucket_stripe).",
+						 floor(capacity))));
+
+	*result = rb_decide(stripe, rate, capacity, req->want, req->upto, now,
+						&write, granted);
+	if (write)
+	{
+		stripe->rate = rate;
+		stripe->capacity = capacity;
+		if (result->allowed)
+			rb_count_grant(stripe, *granted, now);
+		rb_storage_update(stripe);
+	}
+}
+
+/*
+ * rb_take_striped
+ *		A take of an endpoint striped over k stripes (see stripe.c).
+ *
+ * Starting at this backend's stripe, each stripe is locked unless another
+ * transaction holds it (then it is skipped); the first that grants ends the
+ * take.  If every stripe it could lock refused, the take is refused with the
+ * shortest wait among them; if another transaction held every stripe, the
+ * take waits for the starting one.  Returns false, having changed nothing,
+ * if the stripes are not there (k is out of date).
+ */
+static bool
+rb_take_striped(text *endpoint, int k, const RbTakeRequest *req,
+				RbTakeResult *result, double *granted)
+{
+	RbTakeRequest sreq = *req;
+	int			start = rb_stripe_start(k);
+	bool		refused = false;
+	RbTakeResult best = {false, 0.0, 0.0};
+	RbBucket	stripe;
+	int			j;
+
+	if (!req->use_config)
+	{
+		sreq.rate = req->rate / k;
+		sreq.capacity = req->capacity / k;
+	}
+
+	for (j = 0; j < k; j++)
+	{
+		int			s = (start + j) % k;
+
+		if (!rb_storage_lock_skip(rb_stripe_key(endpoint, s, k), &stripe))
+			continue;
+		rb_take_stripe(endpoint, k, &stripe, &sreq, result, granted);
+		if (result->allowed)
+		{
+			rb_stripe_used(s);
+			return true;
+		}
+		if (!refused || result->wait_seconds < best.wait_seconds)
+			best = *result;
+		refused = true;
+	}
+	if (refused)
+	{
+		*result = best;
+		*granted = 0.0;
+		return true;
+	}
+
+	/* Every stripe is held by another transaction, or gone. */
+	if (!rb_storage_lock(rb_stripe_key(endpoint, start, k), &stripe))
+		return false;
+	rb_take_stripe(endpoint, k, &stripe, &sreq, result, granted);
+	return true;
+}
+
+/*
+ * rb_take_striped_now
+ *		rb_take_striped for an endpoint whose row says it is striped: with
+ *		its stripe count as committed.
+ */
+static RbTakeResult
+rb_take_striped_now(text *endpoint, const RbTakeRequest *req, double *granted)
+{
+	RbTakeResult result;
+	int			k = rb_stripe_lookup(endpoint);
+
+	if (k < 2 || !rb_take_striped(endpoint, k, req, &result, granted))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not take from endpoint \"%s\": its stripes changed concurrently",
+						text_to_cstring(endpoint)),
+				 errhint("Retry the transaction.")));
+	return result;
+}
+
+/*
  * rb_take_request
  *		The take itself.  Sets *granted to the tokens granted (0 if refused).
  *
@@ -248,14 +367,33 @@ rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 	bool		write;
 	double		rate;
 	double		capacity;
+	int			k;
 
 	rb_storage_begin(&session);
+
+	/* A striped endpoint this backend has met: straight to its stripes. */
+	k = rb_stripe_cached(endpoint);
+	if (k > 1)
+	{
+		if (rb_take_striped(endpoint, k, req, &result, granted))
+		{
+			rb_storage_end(&session);
+			return result;
+		}
+		rb_stripe_forget(endpoint);
+	}
 
 	if (!rb_storage_lock_skip(endpoint, &bucket))
 	{
 		RbBucket	peeked;
 		bool		exists = rb_storage_peek(endpoint, &peeked);
 
+		if (exists && rb_is_stripe_parent(&peeked))
+		{
+			result = rb_take_striped_now(endpoint, req, granted);
+			rb_storage_end(&session);
+			return result;
+		}
 		if (exists && rb_peek_refuses(&peeked, req, &result))
 		{
 			rb_storage_end(&session);
@@ -285,6 +423,14 @@ rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 				return result;
 			}
 		}
+	}
+
+	/* The endpoint's row, of a bucket striped since this backend last met it */
+	if (rb_is_stripe_parent(&bucket))
+	{
+		result = rb_take_striped_now(endpoint, req, granted);
+		rb_storage_end(&session);
+		return result;
 	}
 
 	/* We hold the row lock: only now read the clock. */
@@ -559,8 +705,16 @@ ratebucket_take_all(PG_FUNCTION_ARGS)
 
 	rb_storage_begin(&session);
 	for (i = 0; i < n; i++)
+	{
 		if (!rb_storage_lock(items[i].endpoint, &items[i].bucket))
 			rb_not_configured(items[i].endpoint, false);
+		if (rb_is_stripe_parent(&items[i].bucket))
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("bucket_take_all cannot take from striped endpoint \"%s\"",
+							items[i].key),
+					 errhint("Take from a striped endpoint with bucket_take, or put it back in one row with ratebucket.bucket_stripe(endpoint, 1).")));
+	}
 
 	/* Every row is held: only now read the clock, once for all. */
 	now = GetCurrentTimestamp();
@@ -613,6 +767,72 @@ ratebucket_take_all(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }
 
+/* rb_peek_take's decision on one row, with the limits it stores. */
+static RbTakeResult
+rb_peek_row(RbBucket *bucket, double want, int64 upto, TimestampTz now,
+			double *granted)
+{
+	bool		configured = rb_is_configured(bucket);
+	bool		write;
+
+	return rb_decide(bucket,
+					 configured ? bucket->conf_rate : bucket->rate,
+					 configured ? bucket->conf_capacity : bucket->capacity,
+					 want, upto, now, &write, granted);
+}
+
+/*
+ * rb_peek_striped
+ *		rb_peek_take of a striped endpoint: what the best of its stripes
+ *		would answer, since a take tries every stripe.  Granted if one
+ *		grants (as many as the best grants); else refused with the shortest
+ *		wait.
+ */
+static RbTakeResult
+rb_peek_striped(text *endpoint, double want, int64 upto, double *granted)
+{
+	RbTakeResult best = {false, 0.0, 0.0};
+	TimestampTz now = GetCurrentTimestamp();
+	int			attempt;
+
+	*granted = 0.0;
+	for (attempt = 0; attempt < 2; attempt++)
+	{
+		int			k = attempt == 0 ? rb_stripe_cached(endpoint) : 0;
+		int			seen = 0;
+		int			s;
+
+		if (k < 2)
+			k = rb_stripe_lookup(endpoint);
+		for (s = 0; s < k; s++)
+		{
+			RbBucket	stripe;
+			RbTakeResult r;
+			double		g;
+
+			if (!rb_storage_peek(rb_stripe_key(endpoint, s, k), &stripe))
+				continue;
+			r = rb_peek_row(&stripe, want, upto, now, &g);
+			if (seen++ == 0 ||
+				(r.allowed && (!best.allowed || g > *granted)) ||
+				(!r.allowed && !best.allowed && r.wait_seconds < best.wait_seconds))
+			{
+				best = r;
+				*granted = r.allowed ? g : 0.0;
+			}
+		}
+		if (seen > 0)
+			return best;
+		rb_stripe_forget(endpoint);
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("could not read endpoint \"%s\": its stripes changed concurrently",
+					text_to_cstring(endpoint)),
+			 errhint("Retry the transaction.")));
+	return best;				/* keep the compiler quiet */
+}
+
 /*
  * rb_peek_take
  *		What a take would be told now, judged from the last committed row
@@ -632,19 +852,18 @@ rb_peek_take(text *endpoint, double want, int64 upto, double *granted)
 
 	rb_storage_begin(&session);
 	found = rb_storage_peek(endpoint, &bucket);
+	if (found && rb_is_stripe_parent(&bucket))
+	{
+		result = rb_peek_striped(endpoint, want, upto, granted);
+		rb_storage_end(&session);
+		return result;
+	}
 	rb_storage_end(&session);
 
 	*granted = upto > 0 ? (double) upto : want;
 	if (found)
-	{
-		bool		configured = rb_is_configured(&bucket);
-		bool		write;
-
-		result = rb_decide(&bucket,
-						   configured ? bucket.conf_rate : bucket.rate,
-						   configured ? bucket.conf_capacity : bucket.capacity,
-						   want, upto, GetCurrentTimestamp(), &write, granted);
-	}
+		result = rb_peek_row(&bucket, want, upto, GetCurrentTimestamp(),
+							 granted);
 	return result;
 }
 
