@@ -74,8 +74,15 @@ rb_stripe_key(text *endpoint, int stripe, int stripes)
 	appendBinaryStringInfo(&buf, VARDATA_ANY(endpoint),
 						   VARSIZE_ANY_EXHDR(endpoint));
 	appendStringInfo(&buf, "\x1f" "stripe %d/%d" "\x1f", stripe, stripes);
-	while (buf.len <= RB_MAX_ENDPOINT_BYTES)
-		appendStringInfoChar(&buf, '.');
+	if (buf.len <= RB_MAX_ENDPOINT_BYTES)
+	{
+		int			pad = RB_MAX_ENDPOINT_BYTES + 1 - buf.len;
+
+		enlargeStringInfo(&buf, pad);
+		memset(buf.data + buf.len, '.', pad);
+		buf.len += pad;
+		buf.data[buf.len] = '\0';
+	}
 	key = cstring_to_text_with_len(buf.data, buf.len);
 	pfree(buf.data);
 	return key;
@@ -172,23 +179,27 @@ rb_stripe_remember(text *endpoint, int stripes)
 
 /*
  * The stripe a take starts at: the one this backend was last granted by,
- * at first its process id modulo k, so that concurrent takers start apart.
+ * at first its process id modulo k, so that concurrent takers start apart;
+ * and whether that stripe had tokens to spare after the grant.
  */
 static int	stripe_cursor = -1;
+static bool stripe_spare = false;
 
 int
-rb_stripe_start(int stripes)
+rb_stripe_start(int stripes, bool *spare)
 {
 	if (stripe_cursor < 0)
 		stripe_cursor = MyProcPid;
+	*spare = stripe_spare && stripe_cursor < stripes;
 	return stripe_cursor % stripes;
 }
 
 /* rb_stripe_used: a take was granted by this stripe; start there next. */
 void
-rb_stripe_used(int stripe)
+rb_stripe_used(int stripe, bool spare)
 {
 	stripe_cursor = stripe;
+	stripe_spare = spare;
 }
 
 /*
