@@ -1,0 +1,144 @@
+# 011_striped.pl — one hot endpoint, striped (bucket_stripe), under
+# saturating demand from many clients.
+#
+# The endpoint allows 400/s (burst 40), striped over 8 rows of 50/s (burst
+# 5).  24 pgbench clients take one token at a time for 5 s, far more than
+# 400/s; 1 take in 8 rolls back, and some sessions report successes
+# (bucket_observe) meanwhile.  Every grant is recorded in the same
+# transaction as the take.  Checked:
+#
+#   Bound, exactly       the stripes' own counters, summed, equal the grants
+#                        recorded, and are at most 400*T + 40, T from the
+#                        striping to the last grant; each stripe's at most
+#                        50*T + 5 by its own clock.
+#   Every window         between any two recorded grants, at most 40 above
+#                        400/s (the recorded time is the insert's, a little
+#                        after the take's clock: 1 token of slack, 400 * 2.5 ms).
+#   Efficiency           at least 95% of the bound is granted: no token is
+#                        stranded on a stripe while takers are refused.
+#   Rollback             takes that roll back give their tokens back (the
+#                        counters above would exceed the recorded grants).
+#   Spread               every stripe grants: no stripe is left idle.
+#   No deadlock, error   pgbench reports no failed transaction.
+#
+# It also prints the take throughput with and without stripes, for the
+# record (not checked: the machine is shared).
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use lib 'test/perl';
+use RatebucketTest;
+
+my $node = PostgreSQL::Test::Cluster->new('striped');
+$node->init;
+$node->append_conf('postgresql.conf', qq{
+log_statement = none
+max_connections = 40
+synchronous_commit = off
+});
+$node->start;
+
+my ($rate, $capacity, $stripes, $clients, $seconds) = (400, 40, 8, 24, 5);
+
+$node->safe_psql('postgres', qq{
+CREATE EXTENSION ratebucket;
+SELECT ratebucket.bucket_configure('hot', $rate, $capacity);
+SELECT ratebucket.bucket_stripe('hot', $stripes);
+CREATE TABLE grants (at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE SEQUENCE rolled_back;
+});
+
+$node->pgbench(
+	"-n -M prepared -c $clients -j 2 -T $seconds",
+	0,
+	[ qr{number of failed transactions: 0 \(0\.000%\)} ],
+	[ qr{^$} ],
+	"$clients clients saturate one endpoint striped over $stripes: no error, no deadlock",
+	{
+		'001_take@12' => q{
+INSERT INTO grants SELECT FROM ratebucket.bucket_take('hot') WHERE allowed;
+},
+		'002_take_rollback@2' => q{
+BEGIN;
+SELECT nextval('rolled_back') FROM ratebucket.bucket_take('hot') WHERE allowed;
+ROLLBACK;
+},
+		'003_observe@1' => q{
+SELECT outcome FROM ratebucket.bucket_observe('hot', 200);
+},
+	},
+	'postgres');
+
+my ($recorded, $granted, $takes, $t, $busy, $per_stripe_ok, $stripes_used, $successes) =
+  query_row($node, qq{
+WITH s AS (
+  SELECT st.*
+  FROM generate_series(0, $stripes - 1) AS i
+  JOIN ratebucket.buckets AS st ON st.endpoint = ratebucket.stripe_key('hot', i, $stripes))
+SELECT (SELECT count(*) FROM grants),
+       (SELECT sum(tokens_granted) FROM s),
+       (SELECT sum(takes_granted) FROM s),
+       (SELECT extract(epoch FROM max(s.last_granted_at) - r.striped_at)
+        FROM s, ratebucket.bucket_stripes r WHERE r.endpoint = 'hot' GROUP BY r.striped_at),
+       (SELECT extract(epoch FROM max(s.last_granted_at) - (SELECT min(at) FROM grants)) FROM s),
+       (SELECT bool_and(s.tokens_granted <= s.conf_rate * extract(epoch FROM s.last_granted_at - s.created_at)
+                                           + s.conf_capacity + 1e-9) FROM s),
+       (SELECT count(*) FILTER (WHERE takes_granted > 0) FROM s),
+       (SELECT successes FROM ratebucket.bucket_status WHERE endpoint = 'hot')});
+my $bound = $rate * $t + $capacity;
+
+is($granted, $recorded, "the stripes' counters = the grants recorded ($recorded): rolled-back takes gave their tokens back");
+is($takes, $recorded, 'one take per grant');
+ok($recorded <= $bound + 1e-6,
+	sprintf('%d grants within %d*T + %d = %.1f (T = %.3f s)', $recorded, $rate, $capacity, $bound, $t));
+is($per_stripe_ok, 't', sprintf('each stripe within %g*T + %g by its own clock', $rate / $stripes,
+	$capacity / $stripes));
+# Efficiency over the time the clients were taking (from the first grant):
+# the bucket starts full, and fills up to its capacity only while pgbench
+# connects.
+my $busy_bound = $rate * $busy + $capacity;
+ok($recorded >= 0.95 * $busy_bound,
+	sprintf('efficiency %.1f%% >= 95%% under saturating demand (%d of %.1f over %.3f s)',
+		100 * $recorded / $busy_bound, $recorded, $busy_bound, $busy));
+is($stripes_used, $stripes, 'every stripe granted');
+ok($node->safe_psql('postgres', 'SELECT last_value > 0 FROM rolled_back') eq 't',
+	'some takes rolled back');
+ok($successes > 0, "observes ran meanwhile ($successes successes)");
+
+my ($excess, undef, $n) = window_excess($node, 'grants', $rate);
+ok($excess <= $capacity + 1 + 1e-6,
+	sprintf('every window: at most %.2f grants above %d/s (capacity %d, 1 of slack)',
+		$excess, $rate, $capacity));
+
+# Throughput, for the record: every take granted (huge limits), one hot
+# endpoint, unstriped and striped, the same clients.
+$node->safe_psql('postgres', qq{
+SELECT ratebucket.bucket_configure('flat', 1e9, 1e9);
+SELECT ratebucket.bucket_configure('wide', 1e9, 1e9);
+SELECT ratebucket.bucket_stripe('wide', 16);
+});
+my %tps;
+for my $ep ('flat', 'wide')
+{
+	my ($ret, $out, $err) = $node->psql('postgres', 'SELECT 1');    # warm the cache
+	my @cmd = ('pgbench', '-n', '-M', 'prepared', '-c', $clients, '-j', 2, '-T', 2,
+		'-h', $node->host, '-p', $node->port,
+		'-f', '-', 'postgres');
+	my ($stdout, $stderr);
+	IPC::Run::run(\@cmd, '<', \"SELECT allowed FROM ratebucket.bucket_take('$ep');\n",
+		'>', \$stdout, '2>', \$stderr);
+	($tps{$ep}) = $stdout =~ /tps = ([\d.]+)/;
+	$tps{$ep} //= 0;
+}
+note(sprintf('one hot endpoint, %d clients, every take granted: %.0f takes/s unstriped, '
+	  . '%.0f striped over 16 (%.2fx)', $clients, $tps{flat}, $tps{wide},
+	$tps{flat} > 0 ? $tps{wide} / $tps{flat} : 0));
+note(sprintf('saturated run: %d grants of %.1f possible over %.2f s', $recorded, $bound, $t));
+
+$node->stop;
+done_testing();
