@@ -188,6 +188,17 @@ FROM unnest(ARRAY['ratebucket.bucket_take_upto(text,float8,float8,int)',
 
 CREATE TEMP TABLE snap_10 AS SELECT * FROM pg_temp.ext_objects();
 
+-- bucket_stripe (1.2) as the worker: its SQLSTATE, or 'ok'.
+CREATE FUNCTION pg_temp.try_stripe() RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+	EXECUTE $q$SELECT ratebucket.bucket_stripe('u:cooling', 4)$q$;
+	RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+	RETURN SQLSTATE;
+END;
+$$;
+
 -- A worker, granted what the README documents for 1.0, and a role with no
 -- grant at all (it has only what PUBLIC has).
 CREATE ROLE regress_rb_upgrade_worker;
@@ -366,6 +377,31 @@ FROM ratebucket.bucket_status ORDER BY endpoint;
 SELECT outcome, breaker FROM ratebucket.bucket_observe('u:api', 500);
 SELECT ratebucket.bucket_resume('u:paused');
 SELECT allowed FROM ratebucket.bucket_take('u:paused');
+
+--
+-- 9. Striping (1.2) works on rows 1.0 created: u:cooling, configured on 1.0
+-- and cooling down, striped over 2 keeps its cooldown on both stripes; the
+-- worker, granted bucket_take (as 1.0 documented), takes from it unchanged
+-- (and cannot stripe); put back in one row, it is as it was.
+--
+SELECT ratebucket.bucket_stripe('u:cooling', 2) AS stripes_before;
+SELECT stripes, round(tokens::numeric, 3) AS tokens, cooldown_seconds BETWEEN 900 AND 1800 AS cooling,
+	   effective_rate
+FROM ratebucket.bucket_status WHERE endpoint = 'u:cooling';
+GRANT USAGE ON SCHEMA ratebucket TO regress_rb_upgrade_worker;
+GRANT EXECUTE ON FUNCTION ratebucket.bucket_take(text, float8) TO regress_rb_upgrade_worker;
+SET ROLE regress_rb_upgrade_worker;
+-- (the rest of the cooldown, then 4 s for a token: a stripe refills at half
+-- the halved rate)
+SELECT allowed, wait_seconds BETWEEN 900 AND 1804 AS waits_out_the_cooldown
+FROM ratebucket.bucket_take('u:cooling');
+SELECT pg_temp.try_stripe() AS worker_stripes;
+RESET ROLE;
+REVOKE ALL ON SCHEMA ratebucket FROM regress_rb_upgrade_worker;
+REVOKE ALL ON FUNCTION ratebucket.bucket_take(text, float8) FROM regress_rb_upgrade_worker;
+SELECT ratebucket.bucket_stripe('u:cooling', 1) AS stripes_before;
+SELECT stripes, round(tokens::numeric, 3) AS tokens, cooldown_seconds BETWEEN 900 AND 1800 AS cooling
+FROM ratebucket.bucket_status WHERE endpoint = 'u:cooling';
 
 DROP ROLE regress_rb_upgrade_worker, regress_rb_upgrade_nobody;
 
