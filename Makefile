@@ -8,6 +8,7 @@ OBJS = \
 	src/admin.o \
 	src/arith.o \
 	src/claim.o \
+	src/direct.o \
 	src/feedback.o \
 	src/guc.o \
 	src/headers.o \
@@ -22,11 +23,11 @@ OBJS = \
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 # pg_regress: inputs in sql/, outputs in expected/.
-REGRESS = setup take claim take_all inflight configure admin feedback headers errors stripe privileges upgrade
+REGRESS = setup take storage claim take_all inflight configure admin feedback headers errors stripe privileges upgrade
 REGRESS_OPTS = --inputdir=.
 
 # Isolation specs: test/specs/*.spec, outputs in test/expected/.
-ISOLATION = take-last-token take-refused-nowait ready-nowait take-upto take-all inflight-last-slot configure-take configure-new-endpoint observe-take stripe-skip
+ISOLATION = take-last-token take-refused-nowait take-optimistic ready-nowait take-upto take-all inflight-last-slot configure-take configure-new-endpoint observe-take stripe-skip
 ISOLATION_OPTS = --inputdir=test --load-extension=$(EXTENSION)
 
 # TAP tests (need libipc-run-perl): load checks, later crash/standby/dump.

@@ -28,6 +28,7 @@ int			rb_max_cooldown_ms = 3600 * 1000;
 int			rb_breaker_failures = 5;
 int			rb_breaker_open_ms = 30 * 1000;
 int			rb_breaker_max_open_ms = 600 * 1000;
+bool		rb_direct_access = true;
 
 /* rb_guc_init: define the settings and reserve the prefix. */
 void
@@ -73,6 +74,13 @@ rb_guc_init(void)
 							"Longest a circuit breaker stays open.",
 							NULL, &rb_breaker_max_open_ms, 600 * 1000, 1, INT_MAX,
 							PGC_SUSET, GUC_UNIT_MS, NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("ratebucket.direct_access",
+							 "Read and write bucket rows through the index and the heap directly, not through SQL.",
+							 "Off: every row access runs as an SQL statement (SPI), "
+							 "as it must where the table is distributed (Citus).",
+							 &rb_direct_access, true,
+							 PGC_SUSET, 0, NULL, NULL, NULL);
 
 #if PG_VERSION_NUM >= 150000
 	MarkGUCPrefixReserved("ratebucket");

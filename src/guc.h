@@ -18,6 +18,7 @@ extern int	rb_max_cooldown_ms;
 extern int	rb_breaker_failures;
 extern int	rb_breaker_open_ms;
 extern int	rb_breaker_max_open_ms;
+extern bool rb_direct_access;
 
 extern void rb_guc_init(void);
 

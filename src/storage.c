@@ -1,7 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * storage.c
- *	  Bucket rows in ratebucket.buckets, through SPI with saved plans.
+ *	  Bucket rows in ratebucket.buckets: directly through the index and the
+ *	  heap (direct.c) where the table allows it, otherwise through SPI with
+ *	  saved plans.
  *
  * Every statement names the table and every operator with its schema, so
  * nothing is resolved through the caller's search_path.  The statements run
@@ -11,7 +13,11 @@
  * use to hand itself tokens.
  *
  * SPI is the portable path: on a distributed setup (Citus) it reaches the
- * local shard, where direct heap access would see an empty placeholder.
+ * local shard, where direct heap access would see an empty placeholder
+ * (ratebucket.direct_access = off).  The direct path serves the lookups,
+ * locks and updates of rows that exist, which is every take but a bucket's
+ * first; inserting and deleting rows always goes through SPI, connected
+ * only when needed.
  *
  *-------------------------------------------------------------------------
  */
@@ -33,6 +39,7 @@
 #include "utils/syscache.h"
 #include "utils/typcache.h"
 
+#include "direct.h"
 #include "storage.h"
 
 #define RB_SCHEMA	"ratebucket"
@@ -123,14 +130,23 @@ static SPIPlanPtr insert_plan = NULL;
 static SPIPlanPtr update_plan = NULL;
 static SPIPlanPtr delete_plan = NULL;
 
-/* Owner of ratebucket.buckets, cached until the relcache says otherwise. */
+/* ratebucket.buckets and its owner, cached until the relcache says otherwise. */
+static Oid	table_relid = InvalidOid;
 static Oid	table_owner = InvalidOid;
 
-/* Forget the cached owner when any relation cache entry is invalidated. */
+/* The columns as direct.c sees them: rb_columns' names and SQL types. */
+static RbDirectColumn direct_columns[RB_NCOLUMNS];
+
+/* Within rb_storage_begin/end: which path serves the rows, SPI connected? */
+static bool session_direct = false;
+static bool session_spi = false;
+
+/* Forget the cached table when any relation cache entry is invalidated. */
 static void
 rb_storage_relcache_callback(Datum arg pg_attribute_unused(),
 							 Oid relid pg_attribute_unused())
 {
+	table_relid = InvalidOid;
 	table_owner = InvalidOid;
 }
 
@@ -184,6 +200,8 @@ rb_storage_init(void)
 						 rb_columns[i].name, i + 2);
 		insert_argtypes[i + 1] = update_argtypes[i + 1] =
 			rb_column_type(rb_columns[i].kind);
+		direct_columns[i].name = rb_columns[i].name;
+		direct_columns[i].type = rb_column_type(rb_columns[i].kind);
 	}
 	appendStringInfoString(&insert, ") VALUES ($1");
 	for (i = 0; i < RB_NCOLUMNS; i++)
@@ -205,11 +223,12 @@ rb_storage_init(void)
 	MemoryContextSwitchTo(oldcxt);
 
 	CacheRegisterRelcacheCallback(rb_storage_relcache_callback, (Datum) 0);
+	rb_direct_init();
 }
 
-/* Find the owner of ratebucket.buckets, or complain that it is missing. */
-static Oid
-rb_lookup_table_owner(void)
+/* Find ratebucket.buckets and its owner, or complain that it is missing. */
+static void
+rb_lookup_table(void)
 {
 	Oid			nspid;
 	Oid			relid = InvalidOid;
@@ -230,37 +249,75 @@ rb_lookup_table_owner(void)
 		elog(ERROR, "cache lookup failed for relation %u", relid);
 	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
 	ReleaseSysCache(tuple);
-	return owner;
+	table_relid = relid;
+	table_owner = owner;
 }
 
 /*
  * rb_storage_begin
- *		Open SPI and act as the table's owner until rb_storage_end.
+ *		Act as the table's owner until rb_storage_end, and open the table for
+ *		direct access if it can be (SPI is connected when first needed).
  *
  * An error in between needs no cleanup here: aborting the (sub)transaction
- * restores the user and closes SPI.
+ * restores the user, closes SPI and releases the relations; the next
+ * rb_storage_begin starts afresh.
  */
-void
-rb_storage_begin(RbStorageSession *session)
+static void
+rb_storage_begin_session(RbStorageSession *session, bool peek_only)
 {
-	if (!OidIsValid(table_owner))
-		table_owner = rb_lookup_table_owner();
+	if (!OidIsValid(table_relid))
+		rb_lookup_table();
 
 	GetUserIdAndSecContext(&session->save_userid, &session->save_sec_context);
 	SetUserIdAndSecContext(table_owner,
 						   session->save_sec_context |
 						   SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	session_spi = false;
+	session_direct = rb_direct_begin(table_relid, direct_columns, RB_NCOLUMNS,
+									 peek_only);
 }
 
-/* rb_storage_end: close SPI and act as the caller again. */
+void
+rb_storage_begin(RbStorageSession *session)
+{
+	rb_storage_begin_session(session, false);
+}
+
+/*
+ * rb_storage_begin_peek
+ *		rb_storage_begin for a session that only peeks (rb_storage_peek):
+ *		the table is locked as a SELECT locks it, so a peek waits for nothing
+ *		a SELECT would not wait for.
+ */
+void
+rb_storage_begin_peek(RbStorageSession *session)
+{
+	rb_storage_begin_session(session, true);
+}
+
+/* Connect SPI for this session, unless it already is. */
+static void
+rb_spi_connect(void)
+{
+	if (!session_spi)
+	{
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		session_spi = true;
+	}
+}
+
+/* rb_storage_end: close what begin opened and act as the caller again. */
 void
 rb_storage_end(RbStorageSession *session)
 {
-	if (SPI_finish() != SPI_OK_FINISH)
+	if (session_direct)
+		rb_direct_end();
+	if (session_spi && SPI_finish() != SPI_OK_FINISH)
 		elog(ERROR, "SPI_finish failed");
+	session_direct = false;
+	session_spi = false;
 	SetUserIdAndSecContext(session->save_userid, session->save_sec_context);
 }
 
@@ -282,13 +339,10 @@ rb_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
 	return *plan;
 }
 
-/* Read column i of rb_columns from attribute attno of a tuple. */
+/* Store a column's value in the bucket's field. */
 static void
-rb_read_column(const RbColumn *col, HeapTuple tuple, TupleDesc desc,
-			   int attno, RbBucket *bucket)
+rb_read_value(const RbColumn *col, Datum d, bool isnull, RbBucket *bucket)
 {
-	bool		isnull;
-	Datum		d = SPI_getbinval(tuple, desc, attno, &isnull);
 	char	   *field = (char *) bucket + col->offset;
 
 	switch (col->kind)
@@ -309,6 +363,17 @@ rb_read_column(const RbColumn *col, HeapTuple tuple, TupleDesc desc,
 			*(TimestampTz *) field = isnull ? RB_NO_TIME : DatumGetTimestampTz(d);
 			break;
 	}
+}
+
+/* Read column col of rb_columns from attribute attno of a tuple. */
+static void
+rb_read_column(const RbColumn *col, HeapTuple tuple, TupleDesc desc,
+			   int attno, RbBucket *bucket)
+{
+	bool		isnull;
+	Datum		d = SPI_getbinval(tuple, desc, attno, &isnull);
+
+	rb_read_value(col, d, isnull, bucket);
 }
 
 /* Bind column col of a bucket as a parameter value. */
@@ -349,6 +414,27 @@ rb_bind_column(const RbColumn *col, const RbBucket *bucket,
 	}
 }
 
+/* Find (and lock, as mode says) a row directly; fill *bucket if found. */
+static RbFindResult
+rb_find_direct(text *endpoint, RbDirectMode mode, RbBucket *bucket)
+{
+	Datum		values[RB_NCOLUMNS];
+	bool		nulls[RB_NCOLUMNS];
+	ItemPointerData tid;
+	RbFindResult found;
+	int			i;
+
+	found = rb_direct_find(endpoint, mode, &tid, values, nulls);
+	if (found == RB_FOUND)
+	{
+		memset(bucket, 0, sizeof(*bucket));
+		bucket->tid = tid;
+		for (i = 0; i < RB_NCOLUMNS; i++)
+			rb_read_value(&rb_columns[i], values[i], nulls[i], bucket);
+	}
+	return found;
+}
+
 /* Run a SELECT by endpoint; fill *bucket and return true if a row came back. */
 static bool
 rb_select(SPIPlanPtr *plan, const char *sql, text *endpoint, RbBucket *bucket)
@@ -361,6 +447,7 @@ rb_select(SPIPlanPtr *plan, const char *sql, text *endpoint, RbBucket *bucket)
 	int			rc;
 	int			i;
 
+	rb_spi_connect();
 	values[0] = PointerGetDatum(endpoint);
 	rc = SPI_execute_plan(rb_plan(plan, sql, 1, argtypes), values, NULL,
 						  false, 1);
@@ -420,6 +507,8 @@ rb_storage_from_row(HeapTupleHeader row, RbBucket *bucket)
 bool
 rb_storage_lock(text *endpoint, RbBucket *bucket)
 {
+	if (session_direct)
+		return rb_find_direct(endpoint, RB_DIRECT_LOCK, bucket) == RB_FOUND;
 	return rb_select(&lock_plan, lock_sql, endpoint, bucket);
 }
 
@@ -431,6 +520,8 @@ rb_storage_lock(text *endpoint, RbBucket *bucket)
 bool
 rb_storage_lock_skip(text *endpoint, RbBucket *bucket)
 {
+	if (session_direct)
+		return rb_find_direct(endpoint, RB_DIRECT_LOCK_SKIP, bucket) == RB_FOUND;
 	return rb_select(&lock_skip_plan, lock_skip_sql, endpoint, bucket);
 }
 
@@ -441,6 +532,8 @@ rb_storage_lock_skip(text *endpoint, RbBucket *bucket)
 bool
 rb_storage_peek(text *endpoint, RbBucket *bucket)
 {
+	if (session_direct)
+		return rb_find_direct(endpoint, RB_DIRECT_PEEK, bucket) == RB_FOUND;
 	return rb_select(&peek_plan, peek_sql, endpoint, bucket);
 }
 
@@ -454,6 +547,7 @@ rb_write(SPIPlanPtr *plan, const char *sql, Oid *argtypes, Datum first,
 	int			rc;
 	int			i;
 
+	rb_spi_connect();
 	values[0] = first;
 	nulls[0] = ' ';
 	for (i = 0; i < RB_NCOLUMNS; i++)
@@ -478,16 +572,56 @@ rb_storage_insert(text *endpoint, const RbBucket *bucket)
 					PointerGetDatum(endpoint), bucket, SPI_OK_INSERT) == 1;
 }
 
+/* Write a row read directly; see rb_direct_update for "wait". */
+static bool
+rb_update_direct(RbBucket *bucket, bool wait)
+{
+	Datum		values[RB_NCOLUMNS];
+	bool		nulls[RB_NCOLUMNS];
+	int			i;
+
+	for (i = 0; i < RB_NCOLUMNS; i++)
+	{
+		char		null;
+
+		rb_bind_column(&rb_columns[i], bucket, &values[i], &null);
+		nulls[i] = (null == 'n');
+	}
+	return rb_direct_update(&bucket->tid, values, nulls, wait);
+}
+
 /*
  * rb_storage_update
  *		Write a locked row back, every column the C code knows.
  */
 void
-rb_storage_update(const RbBucket *bucket)
+rb_storage_update(RbBucket *bucket)
 {
+	if (session_direct)
+	{
+		if (!rb_update_direct(bucket, true))
+			elog(ERROR, "bucket row to update was not found at its locked position");
+		return;
+	}
 	if (rb_write(&update_plan, update_sql, update_argtypes,
 				 PointerGetDatum(&bucket->tid), bucket, SPI_OK_UPDATE) != 1)
 		elog(ERROR, "bucket row to update was not found at its locked position");
+}
+
+/*
+ * rb_storage_update_unchanged
+ *		Write back a row read by rb_storage_peek, if no other transaction has
+ *		written or locked it since: then the row is exactly as if it had been
+ *		locked when it was read, and this is the take's one write.  Returns
+ *		false, writing nothing, if another has (or on the SPI path, which
+ *		cannot tell): the caller locks the row and decides again.
+ */
+bool
+rb_storage_update_unchanged(RbBucket *bucket)
+{
+	if (!session_direct)
+		return false;
+	return rb_update_direct(bucket, false);
 }
 
 /*
@@ -537,6 +671,7 @@ rb_storage_delete(text *endpoint)
 	Datum		values[1];
 	int			rc;
 
+	rb_spi_connect();
 	values[0] = PointerGetDatum(endpoint);
 	rc = SPI_execute_plan(rb_plan(&delete_plan, delete_sql, 1, argtypes),
 						  values, NULL, false, 0);

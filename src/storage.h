@@ -4,8 +4,8 @@
  *	  Finding, locking, inserting, updating and deleting bucket rows.
  *
  * All access to ratebucket.buckets from C goes through here, so that the
- * strategy (today SPI with saved plans) can change without touching the
- * callers.
+ * strategy (direct index and heap access where it can, SPI with saved plans
+ * otherwise) can change without touching the callers.
  *
  *-------------------------------------------------------------------------
  */
@@ -30,7 +30,7 @@
  */
 typedef struct RbBucket
 {
-	ItemPointerData tid;		/* where the row is (valid after a lock) */
+	ItemPointerData tid;		/* where the row is (after a peek or a lock) */
 	double		rate;			/* limits in force (the ceiling) */
 	double		capacity;
 	RbState		state;			/* tokens at refilled_at */
@@ -69,6 +69,7 @@ typedef struct RbStorageSession
 
 extern void rb_storage_init(void);
 extern void rb_storage_begin(RbStorageSession *session);
+extern void rb_storage_begin_peek(RbStorageSession *session);
 extern void rb_storage_end(RbStorageSession *session);
 extern bool rb_storage_lock(text *endpoint, RbBucket *bucket);
 extern bool rb_storage_lock_skip(text *endpoint, RbBucket *bucket);
@@ -76,7 +77,8 @@ extern bool rb_storage_peek(text *endpoint, RbBucket *bucket);
 extern bool rb_storage_insert(text *endpoint, const RbBucket *bucket);
 extern bool rb_storage_lock_or_insert(text *endpoint, RbBucket *bucket,
 									  const RbBucket *fresh);
-extern void rb_storage_update(const RbBucket *bucket);
+extern void rb_storage_update(RbBucket *bucket);
+extern bool rb_storage_update_unchanged(RbBucket *bucket);
 extern bool rb_storage_delete(text *endpoint);
 extern void rb_storage_from_row(HeapTupleHeader row, RbBucket *bucket);
 

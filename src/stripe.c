@@ -178,28 +178,24 @@ rb_stripe_remember(text *endpoint, int stripes)
 }
 
 /*
- * The stripe a take starts at: the one this backend was last granted by,
- * at first its process id modulo k, so that concurrent takers start apart;
- * and whether that stripe had tokens to spare after the grant.
+ * The stripe a take starts at: the one that last granted to this backend,
+ * at first its process id modulo k, so that concurrent takers start apart.
  */
 static int	stripe_cursor = -1;
-static bool stripe_spare = false;
 
 int
-rb_stripe_start(int stripes, bool *spare)
+rb_stripe_start(int stripes)
 {
 	if (stripe_cursor < 0)
 		stripe_cursor = MyProcPid;
-	*spare = stripe_spare && stripe_cursor < stripes;
 	return stripe_cursor % stripes;
 }
 
 /* rb_stripe_used: a take was granted by this stripe; start there next. */
 void
-rb_stripe_used(int stripe, bool spare)
+rb_stripe_used(int stripe)
 {
 	stripe_cursor = stripe;
-	stripe_spare = spare;
 }
 
 /*

@@ -40,8 +40,8 @@ extern text *rb_stripe_key(text *endpoint, int stripe, int stripes);
 extern int	rb_stripe_cached(text *endpoint);
 extern void rb_stripe_forget(text *endpoint);
 extern int	rb_stripe_lookup(text *endpoint);
-extern int	rb_stripe_start(int stripes, bool *spare);
-extern void rb_stripe_used(int stripe, bool spare);
+extern int	rb_stripe_start(int stripes);
+extern void rb_stripe_used(int stripe);
 extern void rb_stripe_sync(text *endpoint, const RbBucket *parent,
 						   RbStripeSync how);
 extern bool rb_stripe_drop(text *endpoint);

@@ -21,6 +21,7 @@
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/float.h"
 #include "utils/array.h"
@@ -231,6 +232,70 @@ rb_check_request_fits(const RbTakeRequest *req, double capacity)
 }
 
 /*
+ * rb_take_peeked
+ *		The usual take, on a row just read by rb_storage_peek (without a
+ *		lock): read the clock, decide, and write only if no other
+ *		transaction has touched the row since it was read
+ *		(rb_storage_update_unchanged).  Then no write came between our read
+ *		and ours, and none can come before we commit: the take is the one it
+ *		would have been under the lock, with one row operation instead of
+ *		two.  A refusal writes nothing and locks nothing, so its answer is
+ *		the one a take ordered before any holder's commit gets (see
+ *		rb_peek_refuses).
+ *
+ *		Returns false, having written nothing, when the take must go the
+ *		locked way: the row was held or written meanwhile, or the limits or
+ *		the request need the checks made under the lock.
+ */
+static bool
+rb_take_peeked(RbBucket *bucket, const RbTakeRequest *req,
+			   RbTakeResult *result, double *granted)
+{
+	TimestampTz now;
+	bool		write;
+	double		rate;
+	double		capacity;
+
+	now = GetCurrentTimestamp();
+	if (!rb_decide_request(bucket, req, now, result, &write, granted,
+						   &rate, &capacity))
+		return false;
+	if (req->upto > 0 ? capacity < 1.0 : req->want > capacity)
+		return false;			/* an error, raised under the lock */
+	if (!write)
+		return true;			/* a refusal, or a take that changes nothing */
+
+	bucket->rate = rate;
+	bucket->capacity = capacity;
+	if (result->allowed)
+		rb_count_grant(bucket, *granted, now);
+	return rb_storage_update_unchanged(bucket);
+}
+
+/*
+ * rb_take_optimistic
+ *		rb_take_peeked of the endpoint's row.  Returns false, having written
+ *		nothing, when the row is missing or the take must go the locked way;
+ *		then *striped says whether the row is that of a striped endpoint.
+ */
+static bool
+rb_take_optimistic(text *endpoint, const RbTakeRequest *req,
+				   RbTakeResult *result, double *granted, bool *striped)
+{
+	RbBucket	bucket;
+
+	*striped = false;
+	if (!rb_storage_peek(endpoint, &bucket))
+		return false;
+	if (rb_is_stripe_parent(&bucket))
+	{
+		*striped = true;
+		return false;
+	}
+	return rb_take_peeked(&bucket, req, result, granted);
+}
+
+/*
  * rb_take_stripe
  *		rb_take_request's decision on one stripe its caller has locked, of an
  *		endpoint striped over k: the request's limits were already divided by
@@ -274,16 +339,15 @@ rb_take_stripe(text *endpoint, int k, RbBucket *stripe,
  * rb_take_striped
  *		A take of an endpoint striped over k stripes (see stripe.c).
  *
- * Starting at this backend's stripe, each stripe is judged from its last
- * committed state first, without a lock: one that state already refuses is
- * passed over (and is not held, so it is not kept from the others); one that
- * would grant is locked, unless another transaction holds it (then it is
- * skipped), and the take is decided under the lock.  The first stripe that
- * grants ends the take.  If a stripe refused, and none granted, the take is
- * refused with the shortest wait; if every stripe was held by another
- * transaction, the take waits for the first of them.  The stripe that
- * granted this backend's last take, when it had tokens to spare, is locked
- * straight away: the usual path is one lock and one write, as unstriped.
+ * Starting at the stripe that last granted to this backend, each stripe is
+ * read without a lock and taken from optimistically (rb_take_peeked): a
+ * stripe whose committed state refuses is passed over, holding nothing; one
+ * that grants is written if nobody touched it since the read.  If somebody
+ * did, the stripe is locked, unless another transaction holds it (then it
+ * is skipped), and the take is decided under the lock.  The first stripe
+ * that grants ends the take.  If a stripe refused, and none granted, the
+ * take is refused with the shortest wait; if every stripe that could grant
+ * was held by another transaction, the take waits for the first of them.
  * Returns false, having changed nothing, if the stripes are not there (k is
  * out of date).
  */
@@ -292,8 +356,7 @@ rb_take_striped(text *endpoint, int k, const RbTakeRequest *req,
 				RbTakeResult *result, double *granted)
 {
 	RbTakeRequest sreq = *req;
-	bool		spare;
-	int			start = rb_stripe_start(k, &spare);
+	int			start = rb_stripe_start(k);
 	bool		refused = false;
 	int			held = -1;
 	RbTakeResult best = {false, 0.0, 0.0};
@@ -310,32 +373,28 @@ rb_take_striped(text *endpoint, int k, const RbTakeRequest *req,
 	{
 		int			s = (start + j) % k;
 		text	   *key = rb_stripe_key(endpoint, s, k);
-		RbTakeResult r;
 
-		if (j > 0 || !spare)
+		if (!rb_storage_peek(key, &stripe))
 		{
-			RbBucket	peeked;
-
-			if (!rb_storage_peek(key, &peeked))
-				continue;		/* restriped meanwhile */
-			if (rb_peek_refuses(&peeked, &sreq, &r))
+			pfree(key);
+			continue;			/* restriped meanwhile */
+		}
+		if (!rb_take_peeked(&stripe, &sreq, result, granted))
+		{
+			/* written or held since the read: the locked way */
+			if (!rb_storage_lock_skip(key, &stripe))
 			{
-				if (!refused || r.wait_seconds < best.wait_seconds)
-					best = r;
-				refused = true;
+				if (held < 0)
+					held = s;
+				pfree(key);
 				continue;
 			}
+			rb_take_stripe(endpoint, k, &stripe, &sreq, result, granted);
 		}
-		if (!rb_storage_lock_skip(key, &stripe))
-		{
-			if (held < 0)
-				held = s;
-			continue;
-		}
-		rb_take_stripe(endpoint, k, &stripe, &sreq, result, granted);
+		pfree(key);
 		if (result->allowed)
 		{
-			rb_stripe_used(s, result->remaining >= Max(sreq.want, 1.0));
+			rb_stripe_used(s);
 			return true;
 		}
 		if (!refused || result->wait_seconds < best.wait_seconds)
@@ -356,7 +415,7 @@ rb_take_striped(text *endpoint, int k, const RbTakeRequest *req,
 		return false;
 	rb_take_stripe(endpoint, k, &stripe, &sreq, result, granted);
 	if (result->allowed)
-		rb_stripe_used(held, result->remaining >= Max(sreq.want, 1.0));
+		rb_stripe_used(held);
 	return true;
 }
 
@@ -384,10 +443,11 @@ rb_take_striped_now(text *endpoint, const RbTakeRequest *req, double *granted)
  * rb_take_request
  *		The take itself.  Sets *granted to the tokens granted (0 if refused).
  *
- * The usual path is one statement: lock the row (skipping it if another
- * transaction holds it), read the clock, decide, write.  If the row is held,
- * a take its committed state already refuses returns at once; any other
- * waits for the holder.  A missing row is created full, unless use_config.
+ * First optimistically (rb_take_optimistic).  Otherwise: lock the row
+ * (skipping it if another transaction holds it), read the clock, decide,
+ * write.  If the row is held, a take its committed state already refuses
+ * returns at once; any other waits for the holder.  A missing row is
+ * created full, unless use_config.
  */
 static RbTakeResult
 rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
@@ -400,6 +460,7 @@ rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 	double		rate;
 	double		capacity;
 	int			k;
+	bool		striped;
 
 	rb_storage_begin(&session);
 
@@ -413,6 +474,18 @@ rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 			return result;
 		}
 		rb_stripe_forget(endpoint);
+	}
+
+	if (rb_take_optimistic(endpoint, req, &result, granted, &striped))
+	{
+		rb_storage_end(&session);
+		return result;
+	}
+	if (striped)
+	{
+		result = rb_take_striped_now(endpoint, req, granted);
+		rb_storage_end(&session);
+		return result;
 	}
 
 	if (!rb_storage_lock_skip(endpoint, &bucket))
@@ -536,6 +609,8 @@ ratebucket_take(PG_FUNCTION_ARGS)
 	RbTakeResult result;
 	double		granted;
 
+	PreventCommandIfReadOnly("bucket_take");
+
 	req.rate = rb_arg_rate(fcinfo, 1);
 	req.capacity = rb_arg_capacity(fcinfo, 2);
 	req.want = rb_arg_tokens(fcinfo, 3);
@@ -556,6 +631,8 @@ ratebucket_take_configured(PG_FUNCTION_ARGS)
 	RbTakeResult result;
 	double		granted;
 
+	PreventCommandIfReadOnly("bucket_take");
+
 	req.want = rb_arg_tokens(fcinfo, 1);
 	result = rb_take_request(endpoint, &req, &granted);
 	PG_RETURN_DATUM(rb_take_result_datum(fcinfo, &result));
@@ -574,6 +651,8 @@ ratebucket_take_upto(PG_FUNCTION_ARGS)
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	RbTakeResult result;
 	double		granted;
+
+	PreventCommandIfReadOnly("bucket_take_upto");
 
 	req.rate = rb_arg_rate(fcinfo, 1);
 	req.capacity = rb_arg_capacity(fcinfo, 2);
@@ -594,6 +673,8 @@ ratebucket_take_upto_configured(PG_FUNCTION_ARGS)
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	RbTakeResult result;
 	double		granted;
+
+	PreventCommandIfReadOnly("bucket_take_upto");
 
 	req.upto = rb_arg_count(fcinfo, 1, "max_tokens");
 	result = rb_take_request(endpoint, &req, &granted);
@@ -734,6 +815,8 @@ ratebucket_take_all(PG_FUNCTION_ARGS)
 	Datum		values[3];
 	bool		nulls[3] = {false, false, false};
 	int			i;
+
+	PreventCommandIfReadOnly("bucket_take_all");
 
 	rb_storage_begin(&session);
 	for (i = 0; i < n; i++)
@@ -882,7 +965,7 @@ rb_peek_take(text *endpoint, double want, int64 upto, double *granted)
 	bool		found;
 	RbTakeResult result = {true, 0.0, 0.0};
 
-	rb_storage_begin(&session);
+	rb_storage_begin_peek(&session);
 	found = rb_storage_peek(endpoint, &bucket);
 	if (found && rb_is_stripe_parent(&bucket))
 	{
