@@ -3,7 +3,7 @@
 #
 # The endpoint allows 400/s (burst 40), striped over 8 rows of 50/s (burst
 # 5).  24 pgbench clients take one token at a time for 5 s, far more than
-# 400/s; 1 take in 8 rolls back, and some sessions report successes
+# 400/s; 1 take in 7 rolls back, and some sessions report successes
 # (bucket_observe) meanwhile.  Every grant is recorded in the same
 # transaction as the take.  Checked:
 #
