@@ -20,6 +20,10 @@
 #                        counters above would exceed the recorded grants).
 #   Spread               every stripe grants: no stripe is left idle.
 #   No deadlock, error   pgbench reports no failed transaction.
+#   Restriping           then 12 clients take from another endpoint that a
+#                        13th restripes every 50 ms (1 to 8 stripes): the
+#                        counters still equal the recorded grants, and the
+#                        bound holds overall and over every window.
 #
 # It also prints the take throughput with and without stripes, for the
 # record (not checked: the machine is shared).
@@ -114,6 +118,54 @@ my ($excess, undef, $n) = window_excess($node, 'grants', $rate);
 ok($excess <= $capacity + 1 + 1e-6,
 	sprintf('every window: at most %.2f grants above %d/s (capacity %d, 1 of slack)',
 		$excess, $rate, $capacity));
+
+# Restriping under load: 12 clients take from an endpoint (300/s, burst
+# 30) that another client restripes every 50 ms (2 to 8 stripes, or back to
+# one row).  bucket_stripe moves the tokens the bucket holds, so the bound
+# holds across every change, from the configuration on; the counters of old
+# stripes are folded into the endpoint's row, so the status view's
+# tokens_granted still counts every grant.  A take that meets a restripe
+# between reading the stripe count and reading the stripes may be asked to
+# retry (a serialization failure): pgbench retries it.
+$node->safe_psql('postgres', q{
+CREATE TABLE moving_grants (at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE restripes (stripes_before int NOT NULL);
+SELECT ratebucket.bucket_configure('moving', 300, 30);
+SELECT ratebucket.bucket_stripe('moving', 4);
+});
+$node->pgbench(
+	"-n -M prepared -c 13 -j 2 -T 3 --max-tries=10",
+	0,
+	[ qr{number of failed transactions: 0 \(0\.000%\)} ],
+	[ qr{^$} ],
+	'12 clients take while another restripes every 50 ms: no error, no deadlock',
+	{
+		'011_moving_take@12' => q{
+INSERT INTO moving_grants SELECT FROM ratebucket.bucket_take('moving') WHERE allowed;
+},
+		'012_restripe@1' => q{
+INSERT INTO restripes SELECT ratebucket.bucket_stripe('moving', (random() * 7)::int + 1);
+\sleep 50 ms
+},
+	},
+	'postgres');
+my ($m_recorded, $m_counted, $m_t, $m_busy, $m_restripes) = query_row($node, q{
+SELECT (SELECT count(*) FROM moving_grants), s.tokens_granted,
+       extract(epoch FROM s.last_used - s.configured_at),
+       extract(epoch FROM s.last_used - (SELECT min(at) FROM moving_grants)),
+       (SELECT count(DISTINCT stripes_before) FROM restripes)
+FROM ratebucket.bucket_status s WHERE s.endpoint = 'moving'});
+ok($m_restripes >= 5, "the endpoint was restriped to and from $m_restripes different stripe counts");
+my $m_bound = 300 * $m_t + 30;
+is($m_counted, $m_recorded, "restriped: the counters = the grants recorded ($m_recorded)");
+ok($m_recorded <= $m_bound + 1e-6,
+	sprintf('restriped: %d grants within 300*T + 30 = %.1f', $m_recorded, $m_bound));
+my ($m_excess) = window_excess($node, 'moving_grants', 300);
+ok($m_excess <= 30 + 1 + 1e-6,
+	sprintf('restriped, every window: at most %.2f grants above 300/s (capacity 30, 1 of slack)',
+		$m_excess));
+note(sprintf('restriped every 50 ms: %d grants, %.1f%% of 300*T + 30 over the %.2f s of takes',
+	$m_recorded, 100 * $m_recorded / (300 * $m_busy + 30), $m_busy));
 
 # Throughput, for the record: every take granted (huge limits), one hot
 # endpoint, unstriped and striped, the same clients.
