@@ -175,7 +175,6 @@ ratebucket_drop(PG_FUNCTION_ARGS)
 	RbBucket	bucket;
 	bool		found;
 
-
 	rb_storage_begin(&session);
 	found = rb_storage_lock(endpoint, &bucket);
 	if (found && rb_is_stripe_parent(&bucket))
