@@ -20,6 +20,8 @@
 #                        counters above would exceed the recorded grants).
 #   Spread               every stripe grants: no stripe is left idle.
 #   No deadlock, error   pgbench reports no failed transaction.
+#   Dump and restore     pg_dump / pg_restore carry the striping, the stripes
+#                        and their counters; the restored endpoint takes.
 #   Restriping           then 12 clients take from another endpoint that a
 #                        13th restripes every 50 ms (1 to 8 stripes): the
 #                        counters still equal the recorded grants, and the
@@ -118,6 +120,24 @@ my ($excess, undef, $n) = window_excess($node, 'grants', $rate);
 ok($excess <= $capacity + 1 + 1e-6,
 	sprintf('every window: at most %.2f grants above %d/s (capacity %d, 1 of slack)',
 		$excess, $rate, $capacity));
+
+# Dump and restore: striping is configuration (pg_extension_config_dump of
+# ratebucket.bucket_stripes, and the stripes are configured rows).
+my $dump = $node->basedir . '/striped.dump';
+$node->command_ok([ 'pg_dump', '-Fc', '--no-sync', '-f', $dump, '-d', 'postgres' ],
+	'pg_dump of a database with a striped endpoint');
+$node->safe_psql('postgres', 'CREATE DATABASE restored');
+$node->command_ok(
+	[ 'pg_restore', '--exit-on-error', '--single-transaction', '-d', 'restored', $dump ],
+	'pg_restore into a new database');
+my $status_sql = q{
+SELECT s.stripes || ' ' || s.takes_granted || ' '
+       || (SELECT count(*) FROM ratebucket.buckets WHERE octet_length(endpoint) > 1024)
+FROM ratebucket.bucket_status s WHERE s.endpoint = 'hot'};
+is($node->safe_psql('restored', $status_sql), $node->safe_psql('postgres', $status_sql),
+	'restored: the endpoint is striped as before, with its stripes and their counters');
+is($node->safe_psql('restored', q{SELECT allowed FROM ratebucket.bucket_take('hot')}),
+	't', 'restored: a take of the striped endpoint is granted');
 
 # Restriping under load: 12 clients take from an endpoint (300/s, burst
 # 30) that another client restripes every 50 ms (2 to 8 stripes, or back to
