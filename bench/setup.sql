@@ -90,3 +90,9 @@ FROM generate_series(1, :nbuckets) AS g,
 	 LATERAL pl_take('ep' || g, 1e6, 1e6) AS t;
 
 VACUUM ANALYZE bare, pl_buckets, ratebucket.buckets;
+
+-- The striped variant: one configured endpoint split over :stripes rows
+-- (bucket_stripe), limits so high that every take is granted.
+SELECT ratebucket.bucket_configure('striped', 1e6, 1e6);
+SELECT ratebucket.bucket_stripe('striped', :stripes) AS striped_from;
+VACUUM ANALYZE ratebucket.buckets;

@@ -189,11 +189,25 @@ FROM unnest(ARRAY['ratebucket.bucket_take_upto(text,float8,float8,int)',
 SELECT f AS function_of_1_2, to_regprocedure(f) IS NOT NULL AS exists
 FROM unnest(ARRAY['ratebucket.bucket_configure_quota(text,float8,text,text)',
 				  'ratebucket.quota_window(text,text,timestamptz)',
-				  'ratebucket.quota_now(ratebucket.buckets,timestamptz)']) AS f;
+				  'ratebucket.quota_now(ratebucket.buckets,timestamptz)',
+				  'ratebucket.bucket_stripe(text,int)',
+				  'ratebucket.stripe_key(text,int,int)']) AS f;
+SELECT to_regclass('ratebucket.bucket_stripes') IS NULL AS no_stripe_table;
 SELECT count(*) AS quota_columns FROM pg_attribute
 WHERE attrelid = 'ratebucket.buckets'::regclass AND attname LIKE 'quota%';
 
 CREATE TEMP TABLE snap_10 AS SELECT * FROM pg_temp.ext_objects();
+
+-- bucket_stripe (1.2) as the worker: its SQLSTATE, or 'ok'.
+CREATE FUNCTION pg_temp.try_stripe() RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+	EXECUTE $q$SELECT ratebucket.bucket_stripe('u:cooling', 4)$q$;
+	RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+	RETURN SQLSTATE;
+END;
+$$;
 
 -- A worker, granted what the README documents for 1.0, and a role with no
 -- grant at all (it has only what PUBLIC has).
@@ -324,7 +338,8 @@ SELECT * FROM fresh_vs_updated ORDER BY object, property, side;
 -- What the update changed, against the 1.0 snapshot: the objects of 1.1
 -- (the claim helpers, bucket_take_all, the in-flight caps) and of 1.2 (the
 -- quota columns of the table and of the view, the view's new definition,
--- bucket_configure_quota, quota_window, quota_now), with all their
+-- bucket_configure_quota, quota_window, quota_now; bucket_stripes,
+-- bucket_stripe, stripe_key, the view's stripes), with all their
 -- properties (privileges and comments included), and nothing else.  A later
 -- version's update adds its own lines here.
 SELECT coalesce(n.object, o.object) AS object, coalesce(n.property, o.property) AS property,
@@ -384,6 +399,31 @@ SELECT ratebucket.bucket_configure_quota('u:adhoc', 3, 'day', 'Asia/Tokyo');
 SELECT allowed, remaining FROM ratebucket.bucket_take('u:adhoc', 2);
 SELECT endpoint, configured, quota_period, quota_time_zone, quota, quota_used, quota_remaining
 FROM ratebucket.bucket_status WHERE endpoint = 'u:adhoc';
+
+--
+-- 9. Striping (1.2) works on rows 1.0 created: u:cooling, configured on 1.0
+-- and cooling down, striped over 2 keeps its cooldown on both stripes; the
+-- worker, granted bucket_take (as 1.0 documented), takes from it unchanged
+-- (and cannot stripe); put back in one row, it is as it was.
+--
+SELECT ratebucket.bucket_stripe('u:cooling', 2) AS stripes_before;
+SELECT stripes, round(tokens::numeric, 3) AS tokens, cooldown_seconds BETWEEN 900 AND 1800 AS cooling,
+	   effective_rate
+FROM ratebucket.bucket_status WHERE endpoint = 'u:cooling';
+GRANT USAGE ON SCHEMA ratebucket TO regress_rb_upgrade_worker;
+GRANT EXECUTE ON FUNCTION ratebucket.bucket_take(text, float8) TO regress_rb_upgrade_worker;
+SET ROLE regress_rb_upgrade_worker;
+-- (the rest of the cooldown, then 4 s for a token: a stripe refills at half
+-- the halved rate)
+SELECT allowed, wait_seconds BETWEEN 900 AND 1804 AS waits_out_the_cooldown
+FROM ratebucket.bucket_take('u:cooling');
+SELECT pg_temp.try_stripe() AS worker_stripes;
+RESET ROLE;
+REVOKE ALL ON SCHEMA ratebucket FROM regress_rb_upgrade_worker;
+REVOKE ALL ON FUNCTION ratebucket.bucket_take(text, float8) FROM regress_rb_upgrade_worker;
+SELECT ratebucket.bucket_stripe('u:cooling', 1) AS stripes_before;
+SELECT stripes, round(tokens::numeric, 3) AS tokens, cooldown_seconds BETWEEN 900 AND 1800 AS cooling
+FROM ratebucket.bucket_status WHERE endpoint = 'u:cooling';
 
 DROP ROLE regress_rb_upgrade_worker, regress_rb_upgrade_nobody;
 

@@ -24,6 +24,7 @@
 #include "quota.h"
 #include "ratebucket.h"
 #include "storage.h"
+#include "stripe.h"
 #include "validate.h"
 
 PG_FUNCTION_INFO_V1(ratebucket_configure);
@@ -118,6 +119,12 @@ ratebucket_configure(PG_FUNCTION_ARGS)
 				   bucket.rate * rb_factor_now(&bucket.adapt, &policy, now),
 				   bucket.capacity, now);
 		rb_set_config(&bucket, &config, now);
+		if (rb_is_stripe_parent(&bucket))
+		{
+			/* the row holds no tokens: the stripes take the new limits / k */
+			bucket.state.tokens = 0.0;
+			rb_stripe_sync(endpoint, &bucket, RB_SYNC_CONFIG);
+		}
 		rb_storage_update(&bucket);
 	}
 
@@ -232,6 +239,12 @@ ratebucket_configure_quota(PG_FUNCTION_ARGS)
 	rb_set_quota(&fresh, quota, rb_quota_period_name(period), zone, now);
 	if (rb_storage_lock_or_insert(endpoint, &bucket, &fresh))
 	{
+		if (rb_is_stripe_parent(&bucket))
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("endpoint \"%s\" is striped", text_to_cstring(endpoint)),
+					 errdetail("A calendar quota is one row: its window's tokens cannot be split."),
+					 errhint("Put it back in one row first: ratebucket.bucket_stripe(endpoint, 1).")));
 		now = GetCurrentTimestamp();
 		rb_set_quota(&bucket, quota, rb_quota_period_name(period), zone, now);
 		rb_storage_update(&bucket);
@@ -264,10 +277,15 @@ ratebucket_reset(PG_FUNCTION_ARGS)
 	{
 		TimestampTz now = GetCurrentTimestamp();
 
-		/* a cooldown may have put the refill time ahead: take it back */
-		bucket.state.refilled_at = now;
-		bucket.state.tokens = bucket.capacity;
 		rb_adapt_init(&bucket.adapt);
+		if (rb_is_stripe_parent(&bucket))
+			rb_stripe_sync(endpoint, &bucket, RB_SYNC_RESET);
+		else
+		{
+			/* a cooldown may have put the refill time ahead: take it back */
+			bucket.state.refilled_at = now;
+			bucket.state.tokens = bucket.capacity;
+		}
 		rb_storage_update(&bucket);
 	}
 	rb_storage_end(&session);
@@ -283,9 +301,13 @@ ratebucket_drop(PG_FUNCTION_ARGS)
 {
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	RbStorageSession session;
+	RbBucket	bucket;
 	bool		found;
 
 	rb_storage_begin(&session);
+	found = rb_storage_lock(endpoint, &bucket);
+	if (found && rb_is_stripe_parent(&bucket))
+		rb_stripe_drop(endpoint);
 	found = rb_storage_delete(endpoint);
 	rb_storage_end(&session);
 	PG_RETURN_BOOL(found);
@@ -307,6 +329,8 @@ rb_set_pause(text *endpoint, TimestampTz until)
 	if (found)
 	{
 		bucket.adapt.paused_until = until;
+		if (rb_is_stripe_parent(&bucket))
+			rb_stripe_sync(endpoint, &bucket, RB_SYNC_ADAPT);
 		rb_storage_update(&bucket);
 	}
 	rb_storage_end(&session);

@@ -43,6 +43,7 @@
 #include "headers_sql.h"
 #include "ratebucket.h"
 #include "storage.h"
+#include "stripe.h"
 #include "validate.h"
 
 PG_FUNCTION_INFO_V1(ratebucket_observe);
@@ -180,6 +181,7 @@ ratebucket_observe(PG_FUNCTION_ARGS)
 		int64		before_open = bucket.adapt.open_until;
 		double		cooldown = get_float8_nan();
 		bool		cool = false;
+		RbAdapt		before = bucket.adapt;
 
 		rb_bucket_policy(&bucket, ceiling, &policy);
 
@@ -257,6 +259,10 @@ ratebucket_observe(PG_FUNCTION_ARGS)
 			bucket.malformed_headers += rl.malformed;
 		bucket.last_status = has_status ? status : 0;
 		bucket.last_observed_at = now;
+		/* a striped bucket: what takes are told changes on every stripe */
+		if (rb_is_stripe_parent(&bucket) &&
+			rb_stripe_adapt_changed(&before, &bucket.adapt, &policy, now))
+			rb_stripe_sync(endpoint, &bucket, RB_SYNC_ADAPT);
 		rb_storage_update(&bucket);
 		rb_storage_end(&session);
 

@@ -37,6 +37,7 @@
 #include "quota.h"
 #include "ratebucket.h"
 #include "storage.h"
+#include "stripe.h"
 #include "validate.h"
 
 PG_FUNCTION_INFO_V1(ratebucket_take);
@@ -287,34 +288,32 @@ rb_check_request_fits(const RbTakeRequest *req, double capacity)
 }
 
 /*
- * rb_take_optimistic
- *		The usual take: read the row without locking it, read the clock,
- *		decide, and write only if no other transaction has touched the row
- *		since it was read (rb_storage_update_unchanged).  Then no write came
- *		between our read and ours, and none can come before we commit: the
- *		take is the one it would have been under the lock, with one row
- *		operation instead of two.  A refusal writes nothing and locks
- *		nothing, so its answer is the one a take ordered before any holder's
- *		commit gets (see rb_peek_refuses).
+ * rb_take_peeked
+ *		The usual take, on a row just read by rb_storage_peek (without a
+ *		lock): read the clock, decide, and write only if no other
+ *		transaction has touched the row since it was read
+ *		(rb_storage_update_unchanged).  Then no write came between our read
+ *		and ours, and none can come before we commit: the take is the one it
+ *		would have been under the lock, with one row operation instead of
+ *		two.  A refusal writes nothing and locks nothing, so its answer is
+ *		the one a take ordered before any holder's commit gets (see
+ *		rb_peek_refuses).
  *
  *		Returns false, having written nothing, when the take must go the
- *		locked way: the row is missing, held or written meanwhile, or the
- *		limits or the request need the checks made under the lock.
+ *		locked way: the row was held or written meanwhile, or the limits or
+ *		the request need the checks made under the lock.
  */
 static bool
-rb_take_optimistic(text *endpoint, const RbTakeRequest *req,
-				   RbTakeResult *result, double *granted)
+rb_take_peeked(RbBucket *bucket, const RbTakeRequest *req,
+			   RbTakeResult *result, double *granted)
 {
-	RbBucket	bucket;
 	TimestampTz now;
 	bool		write;
 	double		rate;
 	double		capacity;
 
-	if (!rb_storage_peek(endpoint, &bucket))
-		return false;
 	now = GetCurrentTimestamp();
-	if (!rb_decide_request(&bucket, req, now, result, &write, granted,
+	if (!rb_decide_request(bucket, req, now, result, &write, granted,
 						   &rate, &capacity))
 		return false;
 	if (req->upto > 0 ? capacity < 1.0 : req->want > capacity)
@@ -322,11 +321,178 @@ rb_take_optimistic(text *endpoint, const RbTakeRequest *req,
 	if (!write)
 		return true;			/* a refusal, or a take that changes nothing */
 
-	bucket.rate = rate;
-	bucket.capacity = capacity;
+	bucket->rate = rate;
+	bucket->capacity = capacity;
 	if (result->allowed)
-		rb_count_grant(&bucket, *granted, now);
-	return rb_storage_update_unchanged(&bucket);
+		rb_count_grant(bucket, *granted, now);
+	return rb_storage_update_unchanged(bucket);
+}
+
+/*
+ * rb_take_optimistic
+ *		rb_take_peeked of the endpoint's row.  Returns false, having written
+ *		nothing, when the row is missing or the take must go the locked way;
+ *		then *striped says whether the row is that of a striped endpoint.
+ */
+static bool
+rb_take_optimistic(text *endpoint, const RbTakeRequest *req,
+				   RbTakeResult *result, double *granted, bool *striped)
+{
+	RbBucket	bucket;
+
+	*striped = false;
+	if (!rb_storage_peek(endpoint, &bucket))
+		return false;
+	if (rb_is_stripe_parent(&bucket))
+	{
+		*striped = true;
+		return false;
+	}
+	return rb_take_peeked(&bucket, req, result, granted);
+}
+
+/*
+ * rb_take_stripe
+ *		rb_take_request's decision on one stripe its caller has locked, of an
+ *		endpoint striped over k: the request's limits were already divided by
+ *		k, and the take must fit in one stripe.
+ */
+static void
+rb_take_stripe(text *endpoint, int k, RbBucket *stripe,
+			   const RbTakeRequest *req, RbTakeResult *result, double *granted)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	double		rate = req->rate;
+	double		capacity = req->capacity;
+	bool		write;
+
+	if (!rb_limits_for(stripe, req->use_config, &rate, &capacity))
+		elog(ERROR, "a stripe of endpoint \"%s\" has no configuration",
+			 text_to_cstring(endpoint));
+	if (req->upto > 0 ? capacity < 1.0 : req->want > capacity)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a take of %g tokens does not fit in one stripe of endpoint \"%s\"",
+						req->upto > 0 ? 1.0 : req->want, text_to_cstring(endpoint)),
+				 errdetail("The endpoint is striped over %d stripes of %g tokens each, and a take is granted by one stripe.",
+						   k, capacity),
+				 errhint("Take at most %g tokens at once, or use fewer stripes (ratebucket.bucket_stripe).",
+						 floor(capacity))));
+
+	*result = rb_decide(stripe, rate, capacity, req->want, req->upto, now,
+						&write, granted);
+	if (write)
+	{
+		stripe->rate = rate;
+		stripe->capacity = capacity;
+		if (result->allowed)
+			rb_count_grant(stripe, *granted, now);
+		rb_storage_update(stripe);
+	}
+}
+
+/*
+ * rb_take_striped
+ *		A take of an endpoint striped over k stripes (see stripe.c).
+ *
+ * Starting at the stripe that last granted to this backend, each stripe is
+ * read without a lock and taken from optimistically (rb_take_peeked): a
+ * stripe whose committed state refuses is passed over, holding nothing; one
+ * that grants is written if nobody touched it since the read.  If somebody
+ * did, the stripe is locked, unless another transaction holds it (then it
+ * is skipped), and the take is decided under the lock.  The first stripe
+ * that grants ends the take.  If a stripe refused, and none granted, the
+ * take is refused with the shortest wait; if every stripe that could grant
+ * was held by another transaction, the take waits for the first of them.
+ * Returns false, having changed nothing, if the stripes are not there (k is
+ * out of date).
+ */
+static bool
+rb_take_striped(text *endpoint, int k, const RbTakeRequest *req,
+				RbTakeResult *result, double *granted)
+{
+	RbTakeRequest sreq = *req;
+	int			start = rb_stripe_start(k);
+	bool		refused = false;
+	int			held = -1;
+	RbTakeResult best = {false, 0.0, 0.0};
+	RbBucket	stripe;
+	int			j;
+
+	if (!req->use_config)
+	{
+		sreq.rate = req->rate / k;
+		sreq.capacity = req->capacity / k;
+	}
+
+	for (j = 0; j < k; j++)
+	{
+		int			s = (start + j) % k;
+		text	   *key = rb_stripe_key(endpoint, s, k);
+
+		if (!rb_storage_peek(key, &stripe))
+		{
+			pfree(key);
+			continue;			/* restriped meanwhile */
+		}
+		if (!rb_take_peeked(&stripe, &sreq, result, granted))
+		{
+			/* written or held since the read: the locked way */
+			if (!rb_storage_lock_skip(key, &stripe))
+			{
+				if (held < 0)
+					held = s;
+				pfree(key);
+				continue;
+			}
+			rb_take_stripe(endpoint, k, &stripe, &sreq, result, granted);
+		}
+		pfree(key);
+		if (result->allowed)
+		{
+			rb_stripe_used(s);
+			return true;
+		}
+		if (!refused || result->wait_seconds < best.wait_seconds)
+			best = *result;
+		refused = true;
+	}
+	if (refused)
+	{
+		*result = best;
+		*granted = 0.0;
+		return true;
+	}
+	if (held < 0)
+		return false;
+
+	/* Every stripe that could grant is held by another transaction. */
+	if (!rb_storage_lock(rb_stripe_key(endpoint, held, k), &stripe))
+		return false;
+	rb_take_stripe(endpoint, k, &stripe, &sreq, result, granted);
+	if (result->allowed)
+		rb_stripe_used(held);
+	return true;
+}
+
+/*
+ * rb_take_striped_now
+ *		rb_take_striped for an endpoint whose row says it is striped: with
+ *		its stripe count as committed.
+ */
+static RbTakeResult
+rb_take_striped_now(text *endpoint, const RbTakeRequest *req, double *granted)
+{
+	RbTakeResult result;
+	int			k = rb_stripe_lookup(endpoint);
+
+	if (k < 2 || !rb_take_striped(endpoint, k, req, &result, granted))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not take from endpoint \"%s\": its stripes changed concurrently",
+						text_to_cstring(endpoint)),
+				 errhint("Retry the transaction.")));
+	return result;
 }
 
 /*
@@ -349,11 +515,31 @@ rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 	bool		write;
 	double		rate;
 	double		capacity;
+	int			k;
+	bool		striped;
 
 	rb_storage_begin(&session);
 
-	if (rb_take_optimistic(endpoint, req, &result, granted))
+	/* A striped endpoint this backend has met: straight to its stripes. */
+	k = rb_stripe_cached(endpoint);
+	if (k > 1)
 	{
+		if (rb_take_striped(endpoint, k, req, &result, granted))
+		{
+			rb_storage_end(&session);
+			return result;
+		}
+		rb_stripe_forget(endpoint);
+	}
+
+	if (rb_take_optimistic(endpoint, req, &result, granted, &striped))
+	{
+		rb_storage_end(&session);
+		return result;
+	}
+	if (striped)
+	{
+		result = rb_take_striped_now(endpoint, req, granted);
 		rb_storage_end(&session);
 		return result;
 	}
@@ -363,6 +549,12 @@ rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 		RbBucket	peeked;
 		bool		exists = rb_storage_peek(endpoint, &peeked);
 
+		if (exists && rb_is_stripe_parent(&peeked))
+		{
+			result = rb_take_striped_now(endpoint, req, granted);
+			rb_storage_end(&session);
+			return result;
+		}
 		if (exists && rb_peek_refuses(&peeked, req, &result))
 		{
 			rb_storage_end(&session);
@@ -392,6 +584,14 @@ rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 				return result;
 			}
 		}
+	}
+
+	/* The endpoint's row, of a bucket striped since this backend last met it */
+	if (rb_is_stripe_parent(&bucket))
+	{
+		result = rb_take_striped_now(endpoint, req, granted);
+		rb_storage_end(&session);
+		return result;
 	}
 
 	/* We hold the row lock: only now read the clock. */
@@ -676,8 +876,16 @@ ratebucket_take_all(PG_FUNCTION_ARGS)
 
 	rb_storage_begin(&session);
 	for (i = 0; i < n; i++)
+	{
 		if (!rb_storage_lock(items[i].endpoint, &items[i].bucket))
 			rb_not_configured(items[i].endpoint, false);
+		if (rb_is_stripe_parent(&items[i].bucket))
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("bucket_take_all cannot take from striped endpoint \"%s\"",
+							items[i].key),
+					 errhint("Take from a striped endpoint with bucket_take, or put it back in one row with ratebucket.bucket_stripe(endpoint, 1).")));
+	}
 
 	/* Every row is held: only now read the clock, once for all. */
 	now = GetCurrentTimestamp();
@@ -730,6 +938,72 @@ ratebucket_take_all(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }
 
+/* rb_peek_take's decision on one row, with the limits it stores. */
+static RbTakeResult
+rb_peek_row(RbBucket *bucket, double want, int64 upto, TimestampTz now,
+			double *granted)
+{
+	bool		configured = rb_is_configured(bucket);
+	bool		write;
+
+	return rb_decide(bucket,
+					 configured ? bucket->conf_rate : bucket->rate,
+					 configured ? bucket->conf_capacity : bucket->capacity,
+					 want, upto, now, &write, granted);
+}
+
+/*
+ * rb_peek_striped
+ *		rb_peek_take of a striped endpoint: what the best of its stripes
+ *		would answer, since a take tries every stripe.  Granted if one
+ *		grants (as many as the best grants); else refused with the shortest
+ *		wait.
+ */
+static RbTakeResult
+rb_peek_striped(text *endpoint, double want, int64 upto, double *granted)
+{
+	RbTakeResult best = {false, 0.0, 0.0};
+	TimestampTz now = GetCurrentTimestamp();
+	int			attempt;
+
+	*granted = 0.0;
+	for (attempt = 0; attempt < 2; attempt++)
+	{
+		int			k = attempt == 0 ? rb_stripe_cached(endpoint) : 0;
+		int			seen = 0;
+		int			s;
+
+		if (k < 2)
+			k = rb_stripe_lookup(endpoint);
+		for (s = 0; s < k; s++)
+		{
+			RbBucket	stripe;
+			RbTakeResult r;
+			double		g;
+
+			if (!rb_storage_peek(rb_stripe_key(endpoint, s, k), &stripe))
+				continue;
+			r = rb_peek_row(&stripe, want, upto, now, &g);
+			if (seen++ == 0 ||
+				(r.allowed && (!best.allowed || g > *granted)) ||
+				(!r.allowed && !best.allowed && r.wait_seconds < best.wait_seconds))
+			{
+				best = r;
+				*granted = r.allowed ? g : 0.0;
+			}
+		}
+		if (seen > 0)
+			return best;
+		rb_stripe_forget(endpoint);
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("could not read endpoint \"%s\": its stripes changed concurrently",
+					text_to_cstring(endpoint)),
+			 errhint("Retry the transaction.")));
+	return best;				/* keep the compiler quiet */
+}
+
 /*
  * rb_peek_take
  *		What a take would be told now, judged from the last committed row
@@ -749,19 +1023,18 @@ rb_peek_take(text *endpoint, double want, int64 upto, double *granted)
 
 	rb_storage_begin_peek(&session);
 	found = rb_storage_peek(endpoint, &bucket);
+	if (found && rb_is_stripe_parent(&bucket))
+	{
+		result = rb_peek_striped(endpoint, want, upto, granted);
+		rb_storage_end(&session);
+		return result;
+	}
 	rb_storage_end(&session);
 
 	*granted = upto > 0 ? (double) upto : want;
 	if (found)
-	{
-		bool		configured = rb_is_configured(&bucket);
-		bool		write;
-
-		result = rb_decide(&bucket,
-						   configured ? bucket.conf_rate : bucket.rate,
-						   configured ? bucket.conf_capacity : bucket.capacity,
-						   want, upto, GetCurrentTimestamp(), &write, granted);
-	}
+		result = rb_peek_row(&bucket, want, upto, GetCurrentTimestamp(),
+							 granted);
 	return result;
 }
 
