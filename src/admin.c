@@ -196,7 +196,6 @@ ratebucket_configure_quota(PG_FUNCTION_ARGS)
 	double		quota;
 	RbQuotaPeriod period;
 	pg_tz	   *tz;
-	char	   *name;
 	char		zone[RB_TEXT_LEN];
 	RbStorageSession session;
 	RbBucket	bucket;
@@ -214,22 +213,8 @@ ratebucket_configure_quota(PG_FUNCTION_ARGS)
 				 errmsg("quota must be greater than 0 and at most %g", RB_MAX_CAPACITY),
 				 errdetail("The value given was %s.", float8out_internal(quota))));
 
-	name = text_to_cstring(PG_GETARG_TEXT_PP(2));
-	period = rb_quota_period(name);
-	if (period == RB_QUOTA_NONE)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("quota period \"%s\" is not recognized", name),
-				 errhint("Use one of: %s.", RB_QUOTA_PERIODS)));
-
-	/* the zone as date_trunc and SET TIME ZONE name it (22023 if unknown) */
-	name = text_to_cstring(PG_GETARG_TEXT_PP(3));
-	tz = rb_quota_zone(name);
-	if (tz == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("time zone \"%s\" not recognized", name),
-				 errhint("Name a zone of the time zone database, such as 'America/New_York' or 'UTC' (see pg_timezone_names); an abbreviation such as 'PST' has no calendar of its own.")));
+	period = rb_check_quota_period(text_to_cstring(PG_GETARG_TEXT_PP(2)));
+	tz = rb_check_quota_zone(text_to_cstring(PG_GETARG_TEXT_PP(3)));
 	strlcpy(zone, pg_get_timezone_name(tz), sizeof(zone));
 
 	rb_storage_begin(&session);

@@ -23,6 +23,7 @@
 #include "quota.h"
 #include "ratebucket.h"
 #include "storage.h"
+#include "validate.h"
 
 PG_FUNCTION_INFO_V1(ratebucket_refill_tokens);
 PG_FUNCTION_INFO_V1(ratebucket_bucket_now);
@@ -131,7 +132,6 @@ ratebucket_quota_window(PG_FUNCTION_ARGS)
 {
 	RbQuotaPeriod period;
 	pg_tz	   *tz;
-	char	   *name;
 	TimestampTz at;
 	TimestampTz start;
 	TimestampTz end;
@@ -141,19 +141,8 @@ ratebucket_quota_window(PG_FUNCTION_ARGS)
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
 		PG_RETURN_NULL();
-	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	period = rb_quota_period(name);
-	if (period == RB_QUOTA_NONE)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("quota period \"%s\" is not recognized", name),
-				 errhint("Use one of: %s.", RB_QUOTA_PERIODS)));
-	name = text_to_cstring(PG_GETARG_TEXT_PP(1));
-	tz = rb_quota_zone(name);
-	if (tz == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("time zone \"%s\" not recognized", name)));
+	period = rb_check_quota_period(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	tz = rb_check_quota_zone(text_to_cstring(PG_GETARG_TEXT_PP(1)));
 	at = PG_GETARG_TIMESTAMPTZ(2);
 	rb_quota_window(period, tz, at, &start, &end);
 

@@ -17,6 +17,7 @@
 #include "utils/builtins.h"
 #include "utils/float.h"
 
+#include "quota.h"
 #include "validate.h"
 
 /* Raise the error for a NULL argument. */
@@ -178,4 +179,39 @@ rb_check_tokens_fit(double tokens, double capacity)
 				 errmsg("tokens (%g) exceed the bucket's capacity (%g)",
 						tokens, capacity),
 				 errdetail("A take larger than the capacity can never be granted.")));
+}
+
+/*
+ * rb_check_quota_period
+ *		The calendar period a quota argument names, or an error.
+ */
+RbQuotaPeriod
+rb_check_quota_period(const char *name)
+{
+	RbQuotaPeriod period = rb_quota_period(name);
+
+	if (period == RB_QUOTA_NONE)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("quota period \"%s\" is not recognized", name),
+				 errhint("Use one of: %s.", RB_QUOTA_PERIODS)));
+	return period;
+}
+
+/*
+ * rb_check_quota_zone
+ *		The time zone a quota argument names, as date_trunc and SET TIME ZONE
+ *		look it up, or an error (22023 if unknown, as theirs).
+ */
+pg_tz *
+rb_check_quota_zone(const char *name)
+{
+	pg_tz	   *tz = rb_quota_zone(name);
+
+	if (tz == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("time zone \"%s\" not recognized", name),
+				 errhint("Name a zone of the time zone database, such as 'America/New_York' or 'UTC' (see pg_timezone_names); an abbreviation such as 'PST' has no calendar of its own.")));
+	return tz;
 }

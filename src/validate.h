@@ -11,6 +11,8 @@
 #include "postgres.h"
 #include "fmgr.h"
 
+#include "quota.h"
+
 /* Longest endpoint accepted, in bytes (documented in the README). */
 #define RB_MAX_ENDPOINT_BYTES 1024
 
@@ -27,6 +29,8 @@ extern double rb_arg_capacity(FunctionCallInfo fcinfo, int argno);
 extern double rb_arg_tokens(FunctionCallInfo fcinfo, int argno);
 extern int32 rb_arg_count(FunctionCallInfo fcinfo, int argno, const char *what);
 extern void rb_check_tokens_fit(double tokens, double capacity);
+extern RbQuotaPeriod rb_check_quota_period(const char *name);
+extern pg_tz *rb_check_quota_zone(const char *name);
 extern double rb_arg_optional(FunctionCallInfo fcinfo, int argno,
 							  const char *what, double lo, bool lo_inclusive,
 							  double hi);
