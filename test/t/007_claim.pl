@@ -39,7 +39,8 @@
 #                            5 claims rolls back: no event claimed twice,
 #                            tokens spent = events claimed per endpoint,
 #                            grants within rate*T + capacity and at least
-#                            90% of it, no attempt counted by a claim, and no
+#                            90% of what the bucket offered from the first
+#                            claim on, no attempt counted by a claim, and no
 #                            error (no deadlock).
 
 use strict;
@@ -280,7 +281,8 @@ is(sql(q{SELECT takes_granted || ' ' || tokens_granted FROM ratebucket.bucket_st
 
 clean();
 sql(qq{
-SELECT ratebucket.bucket_configure('s:' || i, CASE WHEN i % 2 = 0 THEN 100 ELSE $still END, 10)
+SELECT CASE WHEN i % 2 = 0 THEN ratebucket.bucket_configure('s:' || i, 1000, 1000)
+            ELSE ratebucket.bucket_configure('s:' || i, $still, 10) END
 FROM generate_series(1, 1000) i;
 SELECT ratebucket.bucket_take('s:' || i, 10) FROM generate_series(1, 1000, 2) i;
 INSERT INTO webhook_events (endpoint, priority, next_attempt_at)
@@ -289,7 +291,10 @@ FROM generate_series(1, 100000) g;
 ANALYZE webhook_events;
 });
 # The first claims walk into endpoints without tokens and park their events;
-# after that, a claim's walk meets only endpoints that can send.
+# after that, a claim's walk meets only endpoints that can send.  Those hold
+# more tokens than they have events (100 each), so none runs dry for a
+# moment and gets parked by the claim measured: what it reads depends on the
+# data, not on how fast the machine runs the claims before it.
 my $parked_claims = sql(join "\n",
 	map { 'SELECT count(*) FROM claim_events(80, 10);' } 1 .. 80);
 my ($got, $fetched, $read) = split /\|/, sql(q{
@@ -373,12 +378,19 @@ ROLLBACK;
 my $per_endpoint = sql(q{
 SELECT b.endpoint, b.conf_rate, b.conf_capacity, b.tokens_granted,
        (SELECT count(*) FROM claim_log l WHERE l.endpoint = b.endpoint),
-       extract(epoch FROM coalesce(b.last_used, b.created_at) - b.created_at)
+       extract(epoch FROM coalesce(b.last_used, b.created_at) - b.created_at),
+       extract(epoch FROM coalesce(b.last_used, b.created_at)
+                          - (SELECT min(l.at) FROM claim_log l WHERE l.endpoint = b.endpoint))
 FROM ratebucket.bucket_status b ORDER BY b.conf_rate});
 for my $line (split /\n/, $per_endpoint)
 {
-	my ($ep, $r, $cap, $granted, $logged, $t) = split /\|/, $line;
+	my ($ep, $r, $cap, $granted, $logged, $t, $busy) = split /\|/, $line;
+	# The bound counts from the bucket's creation: every token it could have
+	# granted.  Efficiency counts from the first claim logged: the refill
+	# lost to a full bucket while the test set up and pgbench started is
+	# not the claim's.
 	my $bound = $r * $t + $cap;
+	my $offered = $r * ($busy || 0) + $cap;
 	is($granted, $logged, "$ep: tokens spent = events claimed ($logged)");
 	ok($granted <= $bound + 1e-6,
 		sprintf("%s: %d grants within rate*T + capacity = %.1f (%.1f%%)",
@@ -386,8 +398,8 @@ for my $line (split /\n/, $per_endpoint)
 	# Demand saturates every endpoint (thousands of pending events each, 8
 	# greedy workers): a claim that wasted tokens would show here.  Measured
 	# 95-97% on 2 cores; 90% leaves room for a loaded CI machine.
-	ok($granted >= 0.90 * $bound,
-		sprintf("%s: efficiency %.1f%% >= 90%%", $ep, 100 * $granted / $bound));
+	ok($granted >= 0.90 * $offered,
+		sprintf("%s: efficiency %.1f%% >= 90%%", $ep, 100 * $granted / $offered));
 }
 is(sql(q{SELECT count(*) FROM claim_log l JOIN webhook_events e USING (id)
 		 WHERE e.status <> 'sending'}), '0', 'every logged claim is in flight');
