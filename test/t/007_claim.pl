@@ -310,8 +310,10 @@ COMMIT;});
 # (A batch of up to 80: the endpoints it meets may hold fewer tokens.)
 ok($got > 0 && $got <= 80, "a claim over 100,000 pending events gets $got events");
 # Counted over the table and its indexes: heap rows fetched through an
-# index, and index entries (or, for a sequential scan, rows) read.
-ok($fetched > 0 && $fetched + $read < 1000,
+# index, and index entries (or, for a sequential scan, rows) read.  About
+# 900 here (the walk, each head's events, the updates by id); the backlog
+# would be 100,000.
+ok($fetched > 0 && $fetched + $read < 2000,
 	"and reads $read index entries and $fetched rows, not the backlog");
 
 # ----------------------------------------------------------------- outcomes --
