@@ -7,6 +7,7 @@ OBJS = \
 	src/adapt.o \
 	src/admin.o \
 	src/arith.o \
+	src/batch.o \
 	src/claim.o \
 	src/direct.o \
 	src/feedback.o \

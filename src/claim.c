@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * claim.c
- *	  bucket_claimable: the lock-free filter of a worker's claim query.
+ *	  bucket_claimable and bucket_grantable: the lock-free filters of a
+ *	  worker's claim query.
  *
  * A claim picks, in queue order, the endpoints of the best due events, then
  * locks up to so many events of each (FOR UPDATE SKIP LOCKED) and takes
@@ -40,6 +41,7 @@
 #include "validate.h"
 
 PG_FUNCTION_INFO_V1(ratebucket_claimable);
+PG_FUNCTION_INFO_V1(ratebucket_grantable);
 
 /* An endpoint seen by this execution of the statement. */
 typedef struct RbSeen
@@ -117,4 +119,24 @@ ratebucket_claimable(PG_FUNCTION_ARGS)
 	pfree(key);
 
 	PG_RETURN_INT32((int32) rb_peek_grantable(endpoint, per_endpoint));
+}
+
+/*
+ * bucket_grantable(endpoint text, max_tokens int) returns int
+ *		How many whole tokens, up to max_tokens, would a take of this
+ *		configured bucket be granted now?  The peek of bucket_claimable
+ *		without its memory: every call answers, so a claim can ask it of a
+ *		bucket that several endpoints share (their account, say).  NULL if
+ *		the endpoint is not configured.
+ */
+Datum
+ratebucket_grantable(PG_FUNCTION_ARGS)
+{
+	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
+	int32		max_tokens = rb_arg_count(fcinfo, 1, "max_tokens");
+	int64		granted;
+
+	if (!rb_peek_grantable_configured(endpoint, max_tokens, &granted))
+		PG_RETURN_NULL();
+	PG_RETURN_INT32((int32) granted);
 }

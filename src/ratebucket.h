@@ -25,6 +25,13 @@ extern double rb_bucket_ceiling(const RbBucket *bucket);
 extern void rb_new_bucket(RbBucket *bucket, double rate, double capacity,
 						  TimestampTz now);
 extern int64 rb_peek_grantable(text *endpoint, int64 upto);
+extern bool rb_peek_grantable_configured(text *endpoint, int64 upto,
+										 int64 *granted);
+extern RbTakeResult rb_take_upto_configured(text *endpoint, int64 upto,
+											int64 *granted);
+extern RbTakeResult rb_take_upto_held(RbBucket *bucket, text *endpoint,
+									  int64 upto, TimestampTz now,
+									  int64 *granted);
 extern void rb_bucket_quota_window(const RbBucket *bucket, TimestampTz at,
 								   TimestampTz *start, TimestampTz *end);
 

@@ -737,6 +737,61 @@ ratebucket_take_upto_configured(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(rb_upto_result_datum(fcinfo, &result, granted));
 }
 
+/*
+ * rb_take_upto_held
+ *		A take of up to "upto" whole tokens (upto >= 1) from a configured
+ *		bucket whose row the caller holds, decided at "now" with its
+ *		configuration, on the RbBucket in memory: its state is what the take
+ *		leaves, its counters count the grant, and the caller writes it back
+ *		(rb_storage_update).  Called twice at the same "now", the second take
+ *		finds what the first left.  Sets *granted; an endpoint without a
+ *		configuration, or of less than one token of capacity, is an error.
+ */
+RbTakeResult
+rb_take_upto_held(RbBucket *bucket, text *endpoint, int64 upto,
+				  TimestampTz now, int64 *granted)
+{
+	RbTakeRequest req = {true, 0.0, 0.0, 0.0, 0};
+	RbTakeResult result;
+	double		rate = 0.0;
+	double		capacity = 0.0;
+	double		g;
+	bool		write;
+
+	Assert(upto >= 1);
+	req.upto = upto;
+	if (!rb_limits_for(bucket, true, &rate, &capacity))
+		rb_not_configured(endpoint, false);
+	rb_check_request_fits(&req, capacity);
+	result = rb_decide(bucket, rate, capacity, 1.0, upto, now, &write, &g);
+	if (result.allowed && g > 0)
+	{
+		bucket->rate = rate;
+		bucket->capacity = capacity;
+		rb_count_grant(bucket, g, now);
+	}
+	*granted = result.allowed ? (int64) g : 0;
+	return result;
+}
+
+/*
+ * rb_take_upto_configured
+ *		bucket_take_upto(endpoint, max_tokens) from C, striped endpoints
+ *		included, in a storage session of its own.  Sets *granted.
+ */
+RbTakeResult
+rb_take_upto_configured(text *endpoint, int64 upto, int64 *granted)
+{
+	RbTakeRequest req = {true, 0.0, 0.0, 0.0, 0};
+	RbTakeResult result;
+	double		g;
+
+	req.upto = upto;
+	result = rb_take_request(endpoint, &req, &g);
+	*granted = (int64) g;
+	return result;
+}
+
 /* Most buckets one bucket_take_all may name. */
 #define RB_MAX_TAKE_ALL 64
 
@@ -1050,6 +1105,38 @@ rb_peek_grantable(text *endpoint, int64 upto)
 
 	(void) rb_peek_take(endpoint, 1.0, upto, &granted);
 	return (int64) granted;
+}
+
+/*
+ * rb_peek_grantable_configured
+ *		rb_peek_grantable of a configured bucket: false, setting nothing, if
+ *		the endpoint has no row or no configuration (a take would be an
+ *		error, not a grant).  For bucket_grantable.
+ */
+bool
+rb_peek_grantable_configured(text *endpoint, int64 upto, int64 *granted)
+{
+	RbStorageSession session;
+	RbBucket	bucket;
+	bool		found;
+	double		g = 0.0;
+
+	rb_storage_begin_peek(&session);
+	found = rb_storage_peek(endpoint, &bucket);
+	if (found && rb_is_stripe_parent(&bucket))
+	{
+		(void) rb_peek_striped(endpoint, 1.0, upto, &g);
+		rb_storage_end(&session);
+		*granted = (int64) g;
+		return true;
+	}
+	rb_storage_end(&session);
+
+	if (!found || !rb_is_configured(&bucket))
+		return false;
+	(void) rb_peek_row(&bucket, 1.0, upto, GetCurrentTimestamp(), &g);
+	*granted = (int64) g;
+	return true;
 }
 
 /*

@@ -1,0 +1,51 @@
+/* ratebucket--1.2--1.3.sql */
+
+-- complain if script is sourced in psql, rather than via ALTER EXTENSION
+\echo Use "ALTER EXTENSION ratebucket UPDATE TO '1.3'" to load this file. \quit
+
+-- A claim that honours every limit of its events
+--
+-- An event may answer to more than its endpoint: its account's rate, a lane,
+-- a daily quota, an in-flight cap.  A claim filters, before locking, on a
+-- peek of each of those buckets (bucket_grantable: unlike bucket_claimable
+-- it answers every time, since endpoints share their account), and grants
+-- its whole batch in one bucket_take_batch: every bucket of the batch
+-- locked once in byte order, every request granted as many tokens as all of
+-- its buckets hold, and slots of its cap, in the same transaction.
+--
+CREATE FUNCTION ratebucket.bucket_grantable(
+	endpoint text,
+	max_tokens int DEFAULT 1)
+RETURNS int
+AS 'MODULE_PATHNAME', 'ratebucket_grantable'
+LANGUAGE C VOLATILE PARALLEL RESTRICTED COST 50;
+
+COMMENT ON FUNCTION ratebucket.bucket_grantable(text, int) IS
+'How many whole tokens, up to max_tokens, a take of this configured bucket would be granted now, judged from the last committed state without locking or writing (0 in a cooldown, a pause or an open breaker); NULL if the endpoint is not configured. For a claim''s filter on the buckets its events share (an account, a quota).';
+
+CREATE TYPE ratebucket.batch_request AS (
+	buckets text[],
+	tokens int,
+	inflight_key text
+);
+
+COMMENT ON TYPE ratebucket.batch_request IS
+'One request of a bucket_take_batch: up to tokens tokens from every one of buckets (configured, not striped), and with inflight_key (optional) as many slots of that in-flight cap.';
+
+CREATE FUNCTION ratebucket.bucket_take_batch(
+	requests ratebucket.batch_request[])
+RETURNS TABLE (
+	request int,
+	granted int,
+	wait_seconds float8,
+	slots bigint[])
+AS 'MODULE_PATHNAME', 'ratebucket_take_batch'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE COST 500 ROWS 10;
+
+COMMENT ON FUNCTION ratebucket.bucket_take_batch(ratebucket.batch_request[]) IS
+'Grant a batch of requests at once, as a claim does for its events: every bucket named is locked first, once, in byte order of its key (as bucket_take_all locks, so they cannot deadlock); then, with one clock, each request in the order given is granted as many whole tokens as every one of its buckets still holds, up to its tokens, and takes them from each; a request with an in-flight cap keeps only as many as inflight_acquire gives it slots. One row per request: its position, granted, wait_seconds (until all its buckets could grant one more; 0 if they can now) and the slots it holds. One row update per bucket; a rollback gives back every token and slot.';
+
+REVOKE ALL ON FUNCTION
+	ratebucket.bucket_grantable(text, int),
+	ratebucket.bucket_take_batch(ratebucket.batch_request[])
+	FROM PUBLIC;
