@@ -5,17 +5,19 @@
 -- all load this file.  It creates, in the current schema:
 --
 --   webhook_events          the queue: one row per event to deliver
---   claim_events(...)       claim a batch: only events whose endpoint has a
---                           token, tokens spent only on events locked here
+--   claim_events(...)       claim a batch: only events whose endpoint (and
+--                           every other limit of theirs) has a token, tokens
+--                           and slots spent only on events locked here
 --   record_delivery(...)    the outcome of one request: the event's status,
---                           its next attempt, and bucket_observe
+--                           its next attempt, bucket_observe, its slot freed
 --   next_due()              seconds until a claim could find something
 --   requeue_expired()       give back the events of workers that died
 --   events_left()           events pending or in flight
 --
 -- Needs the ratebucket extension, and each endpoint configured with
--- ratebucket.bucket_configure before its events are claimed.  Here the
--- endpoint is the destination's URL; key it however your buckets are keyed.
+-- ratebucket.bucket_configure before its events are claimed (and each bucket
+-- an event names in "limits", and its in-flight cap).  Here the endpoint is
+-- the destination's URL; key it however your buckets are keyed.
 --
 -- The life of an event:
 --
@@ -38,7 +40,14 @@ CREATE TABLE webhook_events (
     lease_until     timestamptz,        -- while sending: when the claim expires
     last_status     int,                -- the last HTTP status (NULL: no response)
     delivered_at    timestamptz,
-    payload         jsonb NOT NULL DEFAULT '{}'
+    payload         jsonb NOT NULL DEFAULT '{}',
+    -- The limits a send of this event answers to besides its endpoint's:
+    limits          text[] NOT NULL DEFAULT '{}',   -- other buckets every send takes
+                    -- a token from (its account's rate, a lane, a daily quota),
+                    -- each configured, none the endpoint itself
+    inflight_key    text,               -- an in-flight cap (inflight_configure)
+                    -- a send holds a slot of, from its claim to its outcome
+    slot            bigint              -- while sending: the slot it holds
 );
 
 -- The queue order, to find the best due events.  Partial: only pending
@@ -75,36 +84,48 @@ CREATE TRIGGER webhook_events_notify
 --    endpoint appears once: the next endpoints get their turn in the batch.
 --    The walk stops after 2 x batch / per_endpoint endpoints (at least 8), or
 --    20 x batch events.
--- 2. heads: the configured endpoints holding tokens, in walk order, until
---    their tokens fill the batch (the last one takes what is left of it).
---    Endpoints without one are filtered here, before anything is locked.
---    Events of an endpoint that has no configuration (never configured, or
---    dropped) are left alone: they wait, visible, for bucket_configure,
---    instead of failing every claim.
--- 3. locked: for each head, lock up to that many of its due events, best
+-- 2. sized: what the event's other limits allow too: the whole tokens each
+--    bucket of its "limits" holds (bucket_grantable, which answers for a
+--    bucket every time: endpoints share their account) and the free slots
+--    of its in-flight cap.  An account out of tokens makes 0 of every one of
+--    its endpoints, exactly as an endpoint without tokens.
+-- 3. heads: the configured endpoints that can send, in walk order, until
+--    their counts fill the batch (the last one takes what is left of it).
+--    Endpoints without a token, or whose account has none, are filtered
+--    here, before anything is locked.  Events of an endpoint (or a limit, or
+--    a cap) that has no configuration (never configured, or dropped) are
+--    left alone: they wait, visible, for it, instead of failing every claim.
+-- 4. locked: for each head, lock up to that many of its due events, best
 --    first, skipping events other workers hold.
--- 4. batches: group them per endpoint, in endpoint order, behind OFFSET 0:
---    every lock is taken before any token, and takes follow one order in
---    every worker, so they cannot deadlock.  The order is the endpoints'
---    bytes (COLLATE "C"), the order bucket_take_all locks in too.
--- 5. grants: one bucket_take_upto per endpoint: its tokens for the whole
---    batch in one row update, granting as many as the bucket holds.
--- 6. deferred: locked events that got no token go back to the queue at the
---    time the next token comes; their attempts do not change.
--- 7. parked: endpoints the walk met without a token (for at least
---    park_after seconds: by default any): up to park_max of their due events
---    move to the times their tokens will come, the first when the next token
---    does (bucket_wait: a cooldown, an open breaker, a pause, or the refill),
---    the next ones one token apart at the effective rate (a calendar quota,
---    which has no rate, gets all of them back at its reset).  So the next claims
---    do not walk over them again, lower-priority events of endpoints that
---    have tokens go meanwhile, and each parked event comes back due about
---    when it can be sent (at most a year ahead).  Attempts do not change.
---    (Locked with SKIP LOCKED, never waited for, never claimed.)
--- 8. the rest are claimed: status 'sending', leased until now() + lease.
+-- 5. batches: one request per endpoint (and set of limits), numbered in
+--    endpoint order.
+-- 6. grants: one ratebucket.bucket_take_batch for the whole batch, called
+--    once every lock on events is taken: it locks every bucket the batch
+--    names once, in byte order of the keys (the order bucket_take_all locks
+--    in too, so takers cannot deadlock), grants each request as many tokens
+--    as its endpoint and every one of its limits hold (one row update per
+--    bucket for the whole batch), and as many slots of its cap.
+-- 7. deferred: locked events that got no token (or no slot) go back to the
+--    queue at the time the next token comes; their attempts do not change.
+-- 8. parked: endpoints the walk met without a token, or whose limits have
+--    none (for at least park_after seconds: by default any): up to park_max
+--    of their due events move to the times their tokens will come, the first
+--    when the next token does (bucket_wait of the endpoint and of each limit,
+--    the longest: a cooldown, an open breaker, a pause, or the refill), the
+--    next ones one token apart at the lowest effective rate among them (a
+--    calendar quota, which has no rate, gets all of them back at its reset).
+--    So the next claims do not walk over them again, lower-priority events
+--    of endpoints that have tokens go meanwhile, and each parked event comes
+--    back due about when it can be sent (at most a year ahead).  Attempts do
+--    not change.  (Locked with SKIP LOCKED, never waited for, never claimed.)
+--    An endpoint held back only by a full in-flight cap is not parked: no
+--    one knows when a slot frees; its events stay due.
+-- 9. the rest are claimed: status 'sending', leased until now() + lease,
+--    each holding its slot.
 --
--- Tokens are spent only on events returned here: locked rows skipped by
--- another worker were never counted, and a rollback gives the tokens back.
+-- Tokens and slots are spent only on events returned here: locked rows
+-- skipped by another worker were never counted, and a rollback gives the
+-- tokens and the slots back.
 CREATE FUNCTION claim_events(
     batch int DEFAULT 80,
     per_endpoint int DEFAULT 10,
@@ -121,9 +142,9 @@ AS $$
 BEGIN
     RETURN QUERY
     WITH walk AS MATERIALIZED (
-        SELECT h.endpoint, h.n, row_number() OVER () AS pos
-        FROM (SELECT f.endpoint, f.n
-              FROM (SELECT e.endpoint,
+        SELECT h.endpoint, h.limits, h.inflight_key, h.n, row_number() OVER () AS pos
+        FROM (SELECT f.endpoint, f.limits, f.inflight_key, f.n
+              FROM (SELECT e.endpoint, e.limits, e.inflight_key,
                            ratebucket.bucket_claimable(e.endpoint, per_endpoint) AS n
                     FROM webhook_events e
                     WHERE e.status = 'pending' AND e.next_attempt_at <= now()
@@ -131,40 +152,57 @@ BEGIN
                     LIMIT 20 * batch) f
               WHERE f.n IS NOT NULL
               LIMIT greatest(8, 2 * ceil(batch::float8 / per_endpoint)::int)) h
+    ), sized AS MATERIALIZED (
+        SELECT w.endpoint, w.limits, w.pos,
+               -- least ignores NULL: no limits, no cap
+               least(w.n, l.n, c.free) AS n,
+               -- the endpoint, every limit and the cap are configured
+               ratebucket.bucket_grantable(w.endpoint) IS NOT NULL
+                   AND NOT l.unconfigured
+                   AND (w.inflight_key IS NULL OR c.free IS NOT NULL) AS configured
+        FROM walk w
+        CROSS JOIN LATERAL (
+            SELECT min(g.n) AS n, coalesce(bool_or(g.n IS NULL), false) AS unconfigured
+            FROM unnest(w.limits) AS k(key)
+            CROSS JOIN LATERAL (SELECT ratebucket.bucket_grantable(k.key, per_endpoint) AS n) g) l
+        LEFT JOIN LATERAL (
+            SELECT greatest(s.cap - s.in_flight, 0)::int AS free
+            FROM ratebucket.inflight_status s
+            WHERE s.key = w.inflight_key) c ON true
     ), heads AS (
         SELECT r.endpoint, least(r.n, batch - r.before) AS n
-        FROM (SELECT w.endpoint, w.n,
-                     sum(w.n) OVER (ORDER BY w.pos) - w.n AS before
-              FROM walk w
-              WHERE w.n > 0
-                -- A scalar subquery, run per walk row through the primary
-                -- key: as EXISTS the planner may hash the whole view, and
-                -- so compute every configured bucket's state per claim.
-                AND coalesce((SELECT b.configured FROM ratebucket.bucket_status b
-                              WHERE b.endpoint = w.endpoint), false)) r
+        FROM (SELECT z.endpoint, z.n,
+                     sum(z.n) OVER (ORDER BY z.pos) - z.n AS before
+              FROM sized z
+              WHERE z.n > 0 AND z.configured) r
         WHERE r.before < batch
     ), locked AS (
-        SELECT x.id, x.endpoint, x.priority, x.next_attempt_at
+        SELECT x.id, x.endpoint, x.limits, x.inflight_key, x.priority, x.next_attempt_at
         FROM heads hd
         CROSS JOIN LATERAL (
-            SELECT e.id, e.endpoint, e.priority, e.next_attempt_at
+            SELECT e.id, e.endpoint, e.limits, e.inflight_key, e.priority, e.next_attempt_at
             FROM webhook_events e
             WHERE e.endpoint = hd.endpoint
               AND e.status = 'pending' AND e.next_attempt_at <= now()
             ORDER BY e.priority DESC, e.next_attempt_at
             LIMIT hd.n
             FOR UPDATE SKIP LOCKED) x
-    ), batches AS (
-        SELECT l.endpoint,
-               array_agg(l.id ORDER BY l.priority DESC, l.next_attempt_at, l.id) AS ids
+    ), batches AS MATERIALIZED (
+        SELECT l.endpoint, l.limits, l.inflight_key,
+               array_agg(l.id ORDER BY l.priority DESC, l.next_attempt_at, l.id) AS ids,
+               row_number() OVER (ORDER BY l.endpoint COLLATE "C",
+                                           l.limits::text COLLATE "C",
+                                           l.inflight_key COLLATE "C") AS req
         FROM locked l
-        GROUP BY l.endpoint
-        ORDER BY l.endpoint COLLATE "C"
-        OFFSET 0
+        GROUP BY l.endpoint, l.limits, l.inflight_key
     ), grants AS MATERIALIZED (
-        SELECT b.endpoint, b.ids, t.granted, t.wait_seconds
-        FROM batches b
-        CROSS JOIN LATERAL ratebucket.bucket_take_upto(b.endpoint, cardinality(b.ids)) t
+        SELECT b.endpoint, b.ids, t.granted, t.wait_seconds, t.slots
+        FROM (SELECT array_agg(ROW(ARRAY[b.endpoint] || b.limits, cardinality(b.ids),
+                                   b.inflight_key)::ratebucket.batch_request
+                               ORDER BY b.req) AS requests
+              FROM batches b) r
+        CROSS JOIN LATERAL ratebucket.bucket_take_batch(r.requests) t
+        JOIN batches b ON b.req = t.request
     ), deferred AS (
         UPDATE webhook_events e
         SET next_attempt_at = now() + make_interval(secs => g.wait_seconds)
@@ -175,10 +213,13 @@ BEGIN
         SET next_attempt_at = now() + make_interval(secs => least(
                 p.wait + CASE WHEN p.rate > 0 THEN (x.k - 1) / greatest(p.rate, 1e-9) ELSE 0 END,
                 366 * 86400.0))
-        FROM (SELECT w.endpoint, ratebucket.bucket_wait(w.endpoint) AS wait,
-                     (SELECT b.effective_rate FROM ratebucket.bucket_status b
-                      WHERE b.endpoint = w.endpoint) AS rate
-              FROM walk w WHERE w.n = 0) p
+        FROM (SELECT z.endpoint, max(ratebucket.bucket_wait(k.key)) AS wait,
+                     min((SELECT b.effective_rate FROM ratebucket.bucket_status b
+                          WHERE b.endpoint = k.key AND b.effective_rate > 0)) AS rate
+              FROM sized z
+              CROSS JOIN LATERAL unnest(ARRAY[z.endpoint] || z.limits) AS k(key)
+              WHERE z.n = 0 AND z.configured
+              GROUP BY z.endpoint) p
         CROSS JOIN LATERAL (
             SELECT y.id, row_number() OVER () AS k
             FROM (SELECT e2.id
@@ -188,10 +229,11 @@ BEGIN
                   ORDER BY e2.priority DESC, e2.next_attempt_at
                   LIMIT park_max
                   FOR UPDATE SKIP LOCKED) y) x
-        WHERE p.wait >= park_after AND p.rate IS NOT NULL AND e.id = x.id
+        WHERE p.wait > 0 AND p.wait >= park_after AND e.id = x.id
     )
     UPDATE webhook_events e
-    SET status = 'sending', lease_until = now() + lease
+    SET status = 'sending', lease_until = now() + lease,
+        slot = g.slots[array_position(g.ids, e.id)]
     FROM grants g
     WHERE e.id = ANY (g.ids[1:g.granted])
     RETURNING e.id, e.endpoint, e.attempts, e.payload;
@@ -256,17 +298,22 @@ BEGIN
         RETURN 'stale';
     END IF;
 
+    -- the request is over: its in-flight slot is free
+    IF ev.slot IS NOT NULL THEN
+        PERFORM ratebucket.inflight_release(ev.inflight_key, ARRAY[ev.slot]);
+    END IF;
+
     tries := ev.attempts + CASE WHEN sent THEN 1 ELSE 0 END;
 
     IF fb.outcome = 'success' THEN
         UPDATE webhook_events
         SET status = 'delivered', attempts = tries, last_status = http_status,
-            delivered_at = clock_timestamp(), lease_until = NULL
+            delivered_at = clock_timestamp(), lease_until = NULL, slot = NULL
         WHERE id = event_id;
     ELSIF fb.outcome = 'neutral' OR tries >= max_attempts THEN
         UPDATE webhook_events
         SET status = 'failed', attempts = tries, last_status = http_status,
-            lease_until = NULL
+            lease_until = NULL, slot = NULL
         WHERE id = event_id;
     ELSE
         delay := greatest(coalesce(fb.cooldown_seconds, 0),
@@ -275,48 +322,57 @@ BEGIN
         UPDATE webhook_events
         SET status = 'pending', attempts = tries, last_status = http_status,
             next_attempt_at = clock_timestamp() + make_interval(secs => delay),
-            lease_until = NULL
+            lease_until = NULL, slot = NULL
         WHERE id = event_id;
     END IF;
     RETURN fb.outcome;
 END $$;
 
 -- next_due: seconds until a claim could find something (0: now; NULL:
--- nothing pending).  For each endpoint with pending events, the later of its
--- first due event and its bucket's next token (ratebucket.bucket_wait,
--- lock-free): a worker with nothing to claim sleeps that long, or until
--- NOTIFY webhook_events says events arrived.
+-- nothing pending).  For each endpoint (and set of limits) with pending
+-- events, the latest of its first due event, its bucket's next token and
+-- each of its limits' (ratebucket.bucket_wait, lock-free): a worker with
+-- nothing to claim sleeps that long, or until NOTIFY webhook_events says
+-- events arrived.  (A full in-flight cap has no such time: its slots free
+-- when outcomes are recorded.)
 CREATE FUNCTION next_due() RETURNS float8
 LANGUAGE sql VOLATILE
 AS $$
 SELECT greatest(0.0, min(greatest(
            extract(epoch FROM p.due - clock_timestamp())::float8,
-           ratebucket.bucket_wait(p.endpoint))))
-FROM (SELECT e.endpoint, min(e.next_attempt_at) AS due
+           ratebucket.bucket_wait(p.endpoint),
+           (SELECT max(ratebucket.bucket_wait(k)) FROM unnest(p.limits) AS k))))
+FROM (SELECT e.endpoint, e.limits, min(e.next_attempt_at) AS due
       FROM webhook_events e
       WHERE e.status = 'pending'
-      GROUP BY e.endpoint) p
+      GROUP BY e.endpoint, e.limits) p
 HAVING count(*) > 0
 $$;
 
 -- requeue_expired: events whose lease ran out (their worker died or hung)
--- go back to the queue.  Whether the request left is unknown: the attempt
--- is not counted, and the event may be delivered twice (at least once).
+-- go back to the queue, and their in-flight slots are freed.  Whether the
+-- request left is unknown: the attempt is not counted, and the event may be
+-- delivered twice (at least once).
 CREATE FUNCTION requeue_expired() RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$
-WITH expired AS (          -- in id order, as a batch's record locks them
-    SELECT id FROM webhook_events
+WITH expired AS MATERIALIZED (   -- in id order, as a batch's record locks them
+    SELECT id, inflight_key, slot FROM webhook_events
     WHERE status = 'sending' AND lease_until < now()
     ORDER BY id
     FOR UPDATE SKIP LOCKED
+), freed AS (
+    SELECT ratebucket.inflight_release(x.inflight_key, array_agg(x.slot)) AS n
+    FROM expired x
+    WHERE x.slot IS NOT NULL
+    GROUP BY x.inflight_key
 ), r AS (
     UPDATE webhook_events e
-    SET status = 'pending', lease_until = NULL, next_attempt_at = now()
+    SET status = 'pending', lease_until = NULL, next_attempt_at = now(), slot = NULL
     FROM expired x
     WHERE e.id = x.id
     RETURNING 1)
-SELECT count(*) FROM r
+SELECT count(*) FROM r WHERE (SELECT count(*) FROM freed) >= 0
 $$;
 
 -- events_left: events not yet delivered or failed.
