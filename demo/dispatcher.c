@@ -58,7 +58,9 @@
  *   --per-endpoint N         claim_events' per_endpoint (10)
  *   --lease-seconds N        claim_events' lease; must outlast a request (30)
  *   --timeout-ms N           whole-request timeout (5000); connect: 1000
- *   --until-empty            exit once events_left() is 0
+ *   --until-empty            exit once events_left() is 0: none in flight,
+ *                            none pending that falls due before
+ *                            --max-seconds ends (if given)
  *   --max-seconds N          exit after N seconds
  *   --quiet                  only errors and the final summary
  *
@@ -146,7 +148,7 @@ static const struct
      "SELECT record_delivery($1::bigint, $2::int, $3::text, $4::jsonb,"
      " $5::boolean)", 5},
     {"next_due", "SELECT next_due()", 0},
-    {"events_left", "SELECT events_left()", 0},
+    {"events_left", "SELECT events_left(clock_timestamp() + make_interval(secs => $1::float8))", 1},
     {"requeue_expired", "SELECT requeue_expired()", 0},
 };
 
@@ -614,9 +616,10 @@ run_command(Worker *w, const char *sql, PGresult **failed)
  * *failed when the caller wants to look at it).
  */
 static int
-query_value(Worker *w, const char *stmt, double *value, PGresult **failed)
+query_value_with(Worker *w, const char *stmt, int nparams,
+                 const char *const *params, double *value, PGresult **failed)
 {
-    PGresult *res = run_prepared(w, stmt, 0, NULL);
+    PGresult *res = run_prepared(w, stmt, nparams, params);
     int rc;
 
     if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 ||
@@ -640,6 +643,12 @@ query_value(Worker *w, const char *stmt, double *value, PGresult **failed)
         *value = strtod(PQgetvalue(res, 0, 0), NULL);
     PQclear(res);
     return rc;
+}
+
+static int
+query_value(Worker *w, const char *stmt, double *value, PGresult **failed)
+{
+    return query_value_with(w, stmt, 0, NULL, value, failed);
 }
 
 /* Server notices and warnings, and a FATAL that arrives while the worker
@@ -1466,7 +1475,20 @@ worker_loop(Worker *w)
         min_sleep = expected_work ? fmin(min_sleep * 2, MAX_SLEEP) : MIN_SLEEP;
         if (opt.until_empty)
         {
-            if (query_value(w, "events_left", &left, NULL) < 0)
+            /*
+             * Left for this run: in flight, or due before --max-seconds
+             * ends (events a spent quota holds until tomorrow are not).
+             */
+            char horizon[64];
+            const char *params[1] = {NULL};
+
+            if (opt.max_seconds > 0)
+            {
+                snprintf(horizon, sizeof(horizon), "%.3f",
+                         fmax(0.0, start_time + opt.max_seconds - now_s()));
+                params[0] = horizon;
+            }
+            if (query_value_with(w, "events_left", 1, params, &left, NULL) < 0)
                 goto failed;
             if (left == 0)
             {

@@ -12,7 +12,7 @@
 --                           its next attempt, bucket_observe, its slot freed
 --   next_due()              seconds until a claim could find something
 --   requeue_expired()       give back the events of workers that died
---   events_left()           events pending or in flight
+--   events_left(...)        events pending or in flight
 --
 -- Needs the ratebucket extension, and each endpoint configured with
 -- ratebucket.bucket_configure before its events are claimed (and each bucket
@@ -375,7 +375,14 @@ WITH expired AS MATERIALIZED (   -- in id order, as a batch's record locks them
 SELECT count(*) FROM r WHERE (SELECT count(*) FROM freed) >= 0
 $$;
 
--- events_left: events not yet delivered or failed.
-CREATE FUNCTION events_left() RETURNS bigint
+-- events_left: events not yet delivered or failed: in flight, or pending
+-- and due before "before" (NULL: whenever).  A run that must end by a
+-- deadline passes it: events a spent daily quota holds until its reset are
+-- not left for that run.
+CREATE FUNCTION events_left(before timestamptz DEFAULT NULL) RETURNS bigint
 LANGUAGE sql STABLE
-AS $$ SELECT count(*) FROM webhook_events WHERE status IN ('pending', 'sending') $$;
+AS $$
+SELECT count(*) FROM webhook_events
+WHERE status = 'sending'
+   OR (status = 'pending' AND (before IS NULL OR next_attempt_at < before))
+$$;

@@ -9,7 +9,7 @@
 # into sim_requests, and are computed by demo/report.sql (the same checks the
 # demo prints); each becomes one test here:
 #
-#   1. every event delivered;
+#   1. every event delivered, but those the spent quota holds for tomorrow;
 #   2. none delivered twice (no event id with two 2xx at the destination);
 #   3. attempts = requests the destinations received (a refusal by a bucket
 #      never costs an attempt; a connection refused is not a request);
@@ -20,7 +20,14 @@
 #   6. destinations configured above their true limit stop answering 429
 #      within 20 s of their first request, and their effective rate ends at
 #      or below the true limit;
-#   7. the unreachable destination tripped its breaker, then got everything.
+#   7. the unreachable destination tripped its breaker, then got everything;
+#   8. two endpoints sharing an account's rate (their events' limits): their
+#      arrivals together, over any window T, within the account's
+#      rate*T + capacity (+ the same jitter), less than their own two allow;
+#   9. two endpoints sharing a daily quota of three quarters of their events:
+#      never more requests than the quota (per UTC day the run touched), and
+#      it ran out: the rest wait, pending, for its reset at midnight UTC
+#      (check 1 counts them as held, not lost).
 
 use strict;
 use warnings;
@@ -70,7 +77,7 @@ my $checks = $node->safe_psql('postgres',
 	q{SELECT n || '|' || CASE WHEN ok THEN 't' ELSE 'f' END || '|' || name || '|' || detail
 	  FROM demo_checks ORDER BY n});
 my @rows = split /\n/, $checks;
-is(scalar @rows, 7, 'the report made its seven checks');
+is(scalar @rows, 9, 'the report made its nine checks');
 for my $row (@rows)
 {
 	my ($n, $ok, $name, $detail) = split /\|/, $row, 4;
