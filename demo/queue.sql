@@ -153,22 +153,25 @@ BEGIN
               WHERE f.n IS NOT NULL
               LIMIT greatest(8, 2 * ceil(batch::float8 / per_endpoint)::int)) h
     ), sized AS MATERIALIZED (
-        SELECT w.endpoint, w.limits, w.pos,
+        SELECT v.endpoint, v.limits, v.pos,
                -- least ignores NULL: no limits, no cap
-               least(w.n, l.n, c.free) AS n,
+               least(v.n, v.limits_n, v.free) AS n,
                -- the endpoint, every limit and the cap are configured
-               ratebucket.bucket_grantable(w.endpoint) IS NOT NULL
-                   AND NOT l.unconfigured
-                   AND (w.inflight_key IS NULL OR c.free IS NOT NULL) AS configured
-        FROM walk w
-        CROSS JOIN LATERAL (
-            SELECT min(g.n) AS n, coalesce(bool_or(g.n IS NULL), false) AS unconfigured
-            FROM unnest(w.limits) AS k(key)
-            CROSS JOIN LATERAL (SELECT ratebucket.bucket_grantable(k.key, per_endpoint) AS n) g) l
-        LEFT JOIN LATERAL (
-            SELECT greatest(s.cap - s.in_flight, 0)::int AS free
-            FROM ratebucket.inflight_status s
-            WHERE s.key = w.inflight_key) c ON true
+               v.endpoint_configured AND NOT v.limits_unconfigured
+                   AND (v.inflight_key IS NULL OR v.free IS NOT NULL) AS configured
+        FROM (SELECT w.endpoint, w.limits, w.inflight_key, w.pos, w.n,
+                     l.n AS limits_n, l.unconfigured AS limits_unconfigured,
+                     ratebucket.bucket_grantable(w.endpoint) IS NOT NULL AS endpoint_configured,
+                     CASE WHEN w.inflight_key IS NOT NULL THEN
+                         (SELECT greatest(s.cap - s.in_flight, 0)::int
+                          FROM ratebucket.inflight_status s
+                          WHERE s.key = w.inflight_key) END AS free
+              FROM walk w
+              CROSS JOIN LATERAL (
+                  SELECT min(g.n) AS n, coalesce(bool_or(g.n IS NULL), false) AS unconfigured
+                  FROM unnest(w.limits) AS k(key)
+                  CROSS JOIN LATERAL (SELECT ratebucket.bucket_grantable(k.key, per_endpoint) AS n) g) l
+             ) v
     ), heads AS (
         SELECT r.endpoint, least(r.n, batch - r.before) AS n
         FROM (SELECT z.endpoint, z.n,
