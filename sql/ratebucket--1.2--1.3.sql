@@ -45,6 +45,70 @@ LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE COST 500 ROWS 10;
 COMMENT ON FUNCTION ratebucket.bucket_take_batch(ratebucket.batch_request[]) IS
 'Grant a batch of requests at once, as a claim does for its events: every bucket named is locked first, once, in byte order of its key (as bucket_take_all locks, so they cannot deadlock); then, with one clock, each request in the order given is granted as many whole tokens as every one of its buckets still holds, up to its tokens, and takes them from each; a request with an in-flight cap keeps only as many as inflight_acquire gives it slots. One row per request: its position, granted, wait_seconds (until all its buckets could grant one more; 0 if they can now) and the slots it holds. One row update per bucket; a rollback gives back every token and slot.';
 
+-- inflight_acquire no longer waits for a late release of an expired slot
+-- (see the comment in its body); otherwise unchanged.
+CREATE OR REPLACE FUNCTION ratebucket.inflight_acquire(key text, n int DEFAULT 1)
+RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	c ratebucket.inflight_caps;
+	now timestamptz;
+	held int;
+	k int;
+	slots bigint[];
+BEGIN
+	IF key IS NULL OR n IS NULL THEN
+		RAISE EXCEPTION 'key and n must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF n OPERATOR(pg_catalog.<) 1 THEN
+		RAISE EXCEPTION 'n must be at least 1'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = pg_catalog.format('The value given was %s.', n);
+	END IF;
+	-- The cap's row serialises the acquires of one key until commit.  An
+	-- update rather than a lock: under REPEATABLE READ a concurrent acquire
+	-- then fails with a serialization error instead of counting the slots
+	-- from its older snapshot.
+	UPDATE ratebucket.inflight_caps AS ic SET cap = ic.cap
+	WHERE ic.key OPERATOR(pg_catalog.=) inflight_acquire.key
+	RETURNING ic.* INTO c;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'key "%" has no in-flight cap', key
+			USING ERRCODE = 'undefined_object',
+				  HINT = 'Call ratebucket.inflight_configure(key, cap) first.';
+	END IF;
+	now := pg_catalog.clock_timestamp();
+	-- A slot whose lease ran out belongs to a worker that died or hung.
+	-- One that another transaction is deleting (a late release) is left
+	-- to it and counted as held: waiting for that transaction, while a
+	-- claim holds bucket rows its release may want next, could deadlock.
+	DELETE FROM ratebucket.inflight_slots AS s
+	WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+		SELECT x.ctid FROM ratebucket.inflight_slots AS x
+		WHERE x.key OPERATOR(pg_catalog.=) inflight_acquire.key
+		  AND x.lease_until OPERATOR(pg_catalog.<=) now
+		FOR UPDATE SKIP LOCKED));
+	SELECT pg_catalog.count(*)::int INTO held
+	FROM ratebucket.inflight_slots AS s
+	WHERE s.key OPERATOR(pg_catalog.=) inflight_acquire.key;
+	k := LEAST(n, c.cap OPERATOR(pg_catalog.-) held);
+	IF k OPERATOR(pg_catalog.<=) 0 THEN
+		RETURN '{}'::bigint[];
+	END IF;
+	WITH ins AS (
+		INSERT INTO ratebucket.inflight_slots (key, acquired_at, lease_until)
+		SELECT inflight_acquire.key, now, now OPERATOR(pg_catalog.+) c.lease
+		FROM pg_catalog.generate_series(1, k)
+		RETURNING slot)
+	SELECT pg_catalog.array_agg(ins.slot ORDER BY ins.slot) INTO slots FROM ins;
+	RETURN slots;
+END;
+$$;
+
 REVOKE ALL ON FUNCTION
 	ratebucket.bucket_grantable(text, int),
 	ratebucket.bucket_take_batch(ratebucket.batch_request[])
