@@ -22,10 +22,13 @@
  *      as the requests holding it were granted (inflight_acquire, as the
  *      caller); the cap may grant fewer, and its requests, in order, keep
  *      only as many as they got slots.
- *   4. The grants are decided again from the rows as locked, with those
- *      final counts, and the buckets written: one row update per bucket for
- *      the whole batch.  A request never spends a token it did not keep, and
- *      never holds a slot it has no token for.
+ *   4. The grants are decided again from the rows as locked: the capped
+ *      requests' final counts first, then the other requests, in order, as
+ *      much as is left (so tokens a cap gave back go to them), and once more
+ *      in order to count each request's take once.  Then the buckets are
+ *      written: one row update per bucket for the whole batch.  A request
+ *      never spends a token it did not keep, and never holds a slot it has
+ *      no token for.
  *
  * Requests are granted in order, so put the best first (the claim passes
  * them in endpoint order; one request per endpoint is the usual case).
@@ -250,7 +253,14 @@ rb_batch_parse(ArrayType *arr, RbBatch *batch)
 		if (!isnull)
 		{
 			req_cap[i] = DatumGetTextPP(d);
-			rb_check_endpoint(req_cap[i]);
+			if (VARSIZE_ANY_EXHDR(req_cap[i]) < 1 ||
+				VARSIZE_ANY_EXHDR(req_cap[i]) > RB_MAX_ENDPOINT_BYTES)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("a request's inflight_key must be 1 to %d bytes",
+								RB_MAX_ENDPOINT_BYTES),
+						 errdetail("Request %d names a key of %d bytes.", i + 1,
+								   (int) VARSIZE_ANY_EXHDR(req_cap[i]))));
 			cap_keys[ncap++] = text_to_cstring(req_cap[i]);
 		}
 	}
@@ -299,86 +309,93 @@ rb_batch_parse(ArrayType *arr, RbBatch *batch)
 		}
 }
 
-/*
- * rb_batch_grant
- *		Grant every request, in order, as many tokens as each of its buckets
- *		holds, up to "limit[i]" (its tokens, or its slots), starting from the
- *		rows as locked.  Leaves the buckets' "work" state and counters as
- *		the grants leave them.
- */
+/* Start again from the rows as locked. */
 static void
-rb_batch_grant(RbBatch *batch, const int64 *limit, TimestampTz now)
+rb_batch_reset(RbBatch *batch)
 {
 	int			i;
-	int			j;
 
 	for (i = 0; i < batch->nbuckets; i++)
 	{
 		batch->buckets[i].work = batch->buckets[i].row;
 		batch->buckets[i].granted = false;
 	}
+}
 
-	for (i = 0; i < batch->nrequests; i++)
+/*
+ * rb_batch_take
+ *		Grant one request as many tokens as every one of its buckets holds
+ *		now (their "work" state), up to "limit", and take them from each.
+ *		Returns what it granted.
+ */
+static int64
+rb_batch_take(RbBatch *batch, const RbBatchRequest *req, int64 limit,
+			  TimestampTz now)
+{
+	int64		g = limit;
+	int			j;
+
+	/* what every bucket would grant, judged on copies */
+	for (j = 0; j < req->nkeys && g > 0; j++)
 	{
-		RbBatchRequest *req = &batch->requests[i];
-		int64		g = limit[i];
+		RbBatchBucket *b = &batch->buckets[req->buckets[j]];
+		RbBucket	probe = b->work;
+		int64		got;
 
-		if (rb_request_striped(batch, req))
-			continue;
-
-		/* what every bucket would grant, judged on copies */
-		for (j = 0; j < req->nkeys && g > 0; j++)
-		{
-			RbBatchBucket *b = &batch->buckets[req->buckets[j]];
-			RbBucket	probe = b->work;
-			int64		got;
-
-			(void) rb_take_upto_held(&probe, b->endpoint, g, now, &got);
-			g = Min(g, got);
-		}
-
-		/* take it from each */
-		for (j = 0; j < req->nkeys && g > 0; j++)
-		{
-			RbBatchBucket *b = &batch->buckets[req->buckets[j]];
-			int64		got;
-
-			(void) rb_take_upto_held(&b->work, b->endpoint, g, now, &got);
-			if (got != g)
-				elog(ERROR, "bucket \"%s\" granted %lld of the %lld it held",
-					 b->key, (long long) got, (long long) g);
-			b->granted = true;
-		}
-		req->granted = g;
-
-		/*
-		 * The wait before one more: the longest of its buckets' waits (0 if
-		 * every bucket could grant one more, as when only its cap or its
-		 * own count stopped it).
-		 */
-		req->wait = 0.0;
-		if (g < req->tokens)
-			for (j = 0; j < req->nkeys; j++)
-			{
-				RbBatchBucket *b = &batch->buckets[req->buckets[j]];
-				RbBucket	probe = b->work;
-				int64		got;
-				RbTakeResult r;
-
-				r = rb_take_upto_held(&probe, b->endpoint, 1, now, &got);
-				if (!r.allowed)
-					req->wait = Max(req->wait, r.wait_seconds);
-			}
+		(void) rb_take_upto_held(&probe, b->endpoint, g, now, &got);
+		g = Min(g, got);
 	}
+
+	/* take it from each */
+	for (j = 0; j < req->nkeys && g > 0; j++)
+	{
+		RbBatchBucket *b = &batch->buckets[req->buckets[j]];
+		int64		got;
+
+		(void) rb_take_upto_held(&b->work, b->endpoint, g, now, &got);
+		if (got != g)
+			elog(ERROR, "bucket \"%s\" granted %lld of the %lld it held",
+				 b->key, (long long) got, (long long) g);
+		b->granted = true;
+	}
+	return g;
+}
+
+/*
+ * rb_batch_wait
+ *		The wait before one more token for a request that did not get all
+ *		it asked: the longest of its buckets' waits, as the batch leaves
+ *		them (0 if every one could grant one more, as when only its cap
+ *		stopped it).
+ */
+static double
+rb_batch_wait(RbBatch *batch, const RbBatchRequest *req, TimestampTz now)
+{
+	double		wait = 0.0;
+	int			j;
+
+	for (j = 0; j < req->nkeys; j++)
+	{
+		RbBatchBucket *b = &batch->buckets[req->buckets[j]];
+		RbBucket	probe = b->work;
+		int64		got;
+		RbTakeResult r;
+
+		r = rb_take_upto_held(&probe, b->endpoint, 1, now, &got);
+		if (!r.allowed)
+			wait = Max(wait, r.wait_seconds);
+	}
+	return wait;
 }
 
 /*
  * rb_batch_acquire
  *		Acquire, for each cap in lock order, the slots its requests were
- *		granted tokens for, by ratebucket.inflight_acquire as the caller.
+ *		granted tokens for, by ratebucket.inflight_acquire as the caller,
+ *		into memory of resultcxt.
  */
 static void
-rb_batch_acquire(RbBatch *batch)
+rb_batch_acquire(RbBatch *batch, MemoryContext resultcxt)
 {
 	Oid			argtypes[2] = {TEXTOID, INT4OID};
 	int			c;
@@ -414,12 +431,55 @@ rb_batch_acquire(RbBatch *batch)
 
 			deconstruct_array(arr, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
 							  &slots, &nulls, &ns);
-			/* the slots outlive SPI: into the caller's memory */
-			cap->slots = (int64 *) SPI_palloc(sizeof(int64) * Max(ns, 1));
+			/* the slots outlive SPI (and the storage session's SPI) */
+			cap->slots = (int64 *) MemoryContextAlloc(resultcxt,
+													  sizeof(int64) * Max(ns, 1));
 			for (k = 0; k < ns; k++)
 				cap->slots[k] = DatumGetInt64(slots[k]);
 			cap->nslots = ns;
 		}
+	}
+	if (SPI_finish() != SPI_OK_FINISH)
+		elog(ERROR, "SPI_finish failed");
+}
+
+/*
+ * rb_batch_check_caps
+ *		Every cap the batch names exists, whether or not slots of it will be
+ *		wanted: a misspelt key is an error, not a cap that looks full.  Run
+ *		in the storage session, as the owner of the caps' table.
+ */
+static void
+rb_batch_check_caps(const RbBatch *batch)
+{
+	Oid			argtypes[1] = {TEXTARRAYOID};
+	Datum	   *keys;
+	Datum		values[1];
+	int			c;
+
+	if (batch->ncaps == 0)
+		return;
+	keys = palloc(sizeof(Datum) * batch->ncaps);
+	for (c = 0; c < batch->ncaps; c++)
+		keys[c] = PointerGetDatum(cstring_to_text(batch->caps[c].key));
+	values[0] = PointerGetDatum(construct_array(keys, batch->ncaps, TEXTOID,
+												-1, false, TYPALIGN_INT));
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_execute_with_args("SELECT k FROM pg_catalog.unnest($1) AS k "
+							  "WHERE NOT EXISTS (SELECT FROM ratebucket.inflight_caps AS c "
+							  "WHERE c.key OPERATOR(pg_catalog.=) k) LIMIT 1",
+							  1, argtypes, values, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not look up in-flight caps");
+	if (SPI_processed > 0)
+	{
+		char	   *missing = SPI_getvalue(SPI_tuptable->vals[0],
+										   SPI_tuptable->tupdesc, 1);
+
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("key \"%s\" has no in-flight cap", missing),
+				 errhint("Call ratebucket.inflight_configure(key, cap) first.")));
 	}
 	if (SPI_finish() != SPI_OK_FINISH)
 		elog(ERROR, "SPI_finish failed");
@@ -473,7 +533,7 @@ ratebucket_take_batch(PG_FUNCTION_ARGS)
 	RbBatch		batch;
 	RbStorageSession session;
 	TimestampTz now;
-	int64	   *limit;
+	MemoryContext callcxt = CurrentMemoryContext;
 	int			i;
 
 	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
@@ -488,12 +548,21 @@ ratebucket_take_batch(PG_FUNCTION_ARGS)
 
 	rb_batch_parse(PG_GETARG_ARRAYTYPE_P(0), &batch);
 
-	/* 1. lock every bucket, in byte order */
+	/*
+	 * 1. Lock every bucket, in byte order.  A striped endpoint's own row is
+	 * not locked once this backend knows it is striped: its takes go to its
+	 * stripes, and holding the row would queue every other claim of it.
+	 */
 	rb_storage_begin(&session);
 	for (i = 0; i < batch.nbuckets; i++)
 	{
 		RbBatchBucket *b = &batch.buckets[i];
 
+		if (rb_stripe_cached(b->endpoint) > 1)
+		{
+			b->striped = true;
+			continue;
+		}
 		if (!rb_storage_lock(b->endpoint, &b->row) || !rb_is_configured(&b->row))
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_OBJECT),
@@ -503,17 +572,19 @@ ratebucket_take_batch(PG_FUNCTION_ARGS)
 			b->striped = true;
 	}
 	rb_batch_check_stripes(&batch);
+	rb_batch_check_caps(&batch);
 
-	/* 2. every row is held: read the clock once, grant in memory */
+	/* 2. every row is held: read the clock once, grant in order */
 	now = GetCurrentTimestamp();
-	limit = palloc(sizeof(int64) * Max(batch.nrequests, 1));
+	rb_batch_reset(&batch);
 	for (i = 0; i < batch.nrequests; i++)
-		limit[i] = batch.requests[i].tokens;
-	rb_batch_grant(&batch, limit, now);
+		if (!rb_request_striped(&batch, &batch.requests[i]))
+			batch.requests[i].granted = rb_batch_take(&batch, &batch.requests[i],
+													  batch.requests[i].tokens, now);
 
-	/* 3. the slots for what was granted; requests keep what they get */
 	if (batch.ncaps > 0)
 	{
+		/* 3. the slots for what was granted; a request keeps what it gets */
 		for (i = 0; i < batch.nrequests; i++)
 			if (batch.requests[i].cap >= 0)
 				batch.caps[batch.requests[i].cap].wanted += batch.requests[i].granted;
@@ -524,7 +595,7 @@ ratebucket_take_batch(PG_FUNCTION_ARGS)
 
 			GetUserIdAndSecContext(&owner, &owner_context);
 			SetUserIdAndSecContext(session.save_userid, session.save_sec_context);
-			rb_batch_acquire(&batch);
+			rb_batch_acquire(&batch, callcxt);
 			SetUserIdAndSecContext(owner, owner_context);
 		}
 		for (i = 0; i < batch.nrequests; i++)
@@ -532,16 +603,57 @@ ratebucket_take_batch(PG_FUNCTION_ARGS)
 			RbBatchRequest *req = &batch.requests[i];
 			RbBatchCap *cap;
 
-			limit[i] = req->granted;
 			if (req->cap < 0)
 				continue;
 			cap = &batch.caps[req->cap];
 			req->first_slot = cap->used;
-			limit[i] = Min(req->granted, cap->nslots - cap->used);
-			cap->used += (int) limit[i];
+			req->granted = Min(req->granted, cap->nslots - cap->used);
+			cap->used += (int) req->granted;
 		}
-		/* 4. the grants again, with what the caps left */
-		rb_batch_grant(&batch, limit, now);
+
+		/*
+		 * 4. The tokens capped requests gave back go to the others: first
+		 * the capped requests' final counts, which fit (each is no more than
+		 * it was granted above, after no more than the requests before it
+		 * took), then every other request, in order, as much as is left.
+		 */
+		rb_batch_reset(&batch);
+		for (i = 0; i < batch.nrequests; i++)
+		{
+			RbBatchRequest *req = &batch.requests[i];
+
+			if (req->cap >= 0 &&
+				rb_batch_take(&batch, req, req->granted, now) != req->granted)
+				elog(ERROR, "a capped request's tokens were not there the second time");
+		}
+		for (i = 0; i < batch.nrequests; i++)
+		{
+			RbBatchRequest *req = &batch.requests[i];
+
+			if (req->cap < 0 && !rb_request_striped(&batch, req))
+				req->granted = rb_batch_take(&batch, req, req->tokens, now);
+		}
+
+		/* the takes once more, in order, each once: the counters as they are */
+		rb_batch_reset(&batch);
+		for (i = 0; i < batch.nrequests; i++)
+		{
+			RbBatchRequest *req = &batch.requests[i];
+
+			if (!rb_request_striped(&batch, req) &&
+				rb_batch_take(&batch, req, req->granted, now) != req->granted)
+				elog(ERROR, "a request's tokens were not there the third time");
+		}
+	}
+
+	/* the wait of each request that did not get all it asked */
+	for (i = 0; i < batch.nrequests; i++)
+	{
+		RbBatchRequest *req = &batch.requests[i];
+
+		req->wait = 0.0;
+		if (!rb_request_striped(&batch, req) && req->granted < req->tokens)
+			req->wait = rb_batch_wait(&batch, req, now);
 	}
 
 	/* write each bucket taken from, once */
