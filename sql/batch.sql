@@ -167,6 +167,19 @@ SELECT in_flight FROM ratebucket.inflight_status WHERE key = 'acct';
 SELECT * FROM pg_temp.status('acct:2', 'lane:x', 'lane:y');
 SELECT pg_temp.fingerprint() = :'before' AS unchanged;
 
+-- Tokens a cap gives back go to the requests after it.  'one' allows 1 in
+-- flight; acct:3 holds 3.  The first request asks 2 with the cap and keeps
+-- the 1 it has a slot for; the second, without a cap, asks 2 and gets
+-- both: the token the first gave back included.  acct:3 ends empty.
+SELECT ratebucket.inflight_configure('one', 1, '1 hour');
+SELECT ratebucket.bucket_configure('acct:3', 0.000001, 3);
+SELECT request, granted, wait_seconds > 0 AS waits, cardinality(slots) AS slots
+FROM ratebucket.bucket_take_batch(ARRAY[
+	pg_temp.req(ARRAY['acct:3'], 2, 'one'),
+	pg_temp.req(ARRAY['acct:3'], 2)]);
+SELECT * FROM pg_temp.status('acct:3');
+SELECT ratebucket.inflight_drop('one');
+
 --
 -- 4. A calendar quota as one of a request's buckets: 3 a day.  The request
 -- gets the 3, and waits until the quota resets (within a day); the next
@@ -207,6 +220,27 @@ SELECT stmt, pg_temp.try(stmt) FROM (VALUES
 ) AS c(stmt);
 SELECT pg_temp.fingerprint() = :'before' AS unchanged;
 
+-- Through SPI (ratebucket.direct_access = off), in a batch with many slots
+-- and many striped requests after them: the slot ids returned are the
+-- slots held, each once (they once came back from freed memory).
+SELECT ratebucket.inflight_configure('many', 1000, '1 hour');
+SELECT ratebucket.bucket_configure('c:many', 0.000001, 1000);
+SELECT ratebucket.bucket_configure('s:warm', 0.000001, 40);
+SELECT ratebucket.bucket_stripe('s:warm', 4);
+SET ratebucket.direct_access = off;
+CREATE TEMP TABLE many AS
+SELECT * FROM ratebucket.bucket_take_batch(
+	ARRAY[pg_temp.req(ARRAY['c:many'], 600, 'many')] ||
+	(SELECT array_agg(pg_temp.req(ARRAY['s:warm'], 1)) FROM generate_series(1, 20)));
+RESET ratebucket.direct_access;
+SELECT granted, cardinality(slots) AS slots,
+	   (SELECT array_agg(s ORDER BY s) FROM unnest(slots) AS s) =
+	   (SELECT array_agg(slot ORDER BY slot) FROM ratebucket.inflight_slots
+		WHERE key = 'many') AS slots_are_those_held
+FROM many WHERE request = 1;
+SELECT sum(granted) AS striped_granted FROM many WHERE request > 1;
+SELECT ratebucket.inflight_drop('many');
+
 --
 -- 6. Bad input: a clear error with its SQLSTATE, and nothing changed.
 --
@@ -234,6 +268,7 @@ SELECT stmt, pg_temp.try(stmt) FROM (VALUES
 	($$SELECT * FROM ratebucket.bucket_take_batch(ARRAY[pg_temp.req(ARRAY['lane:x'], NULL)])$$),
 	-- the cap
 	($$SELECT * FROM ratebucket.bucket_take_batch(ARRAY[pg_temp.req(ARRAY['lane:x'], 1, 'nocap')])$$),
+	($$SELECT * FROM ratebucket.bucket_take_batch(ARRAY[pg_temp.req(ARRAY['lane:x'], 0, 'nocap')])$$),
 	($$SELECT * FROM ratebucket.bucket_take_batch(ARRAY[pg_temp.req(ARRAY['lane:x'], 1, '')])$$),
 	-- the array
 	($$SELECT * FROM ratebucket.bucket_take_batch(ARRAY[pg_temp.req(ARRAY['lane:x'], 1), NULL])$$),
