@@ -101,8 +101,9 @@ CREATE TRIGGER webhook_events_notify
 --    endpoint's events with other limits wait until one of them is its
 --    first due event: never locked on another event's answer, so never
 --    locked without a token, nor on a bucket that is not configured.)
--- 5. batches: one request per endpoint (and set of limits), numbered in
---    endpoint order.
+-- 5. batches: one request per endpoint, numbered in walk order: where
+--    its buckets are shared (an account, a quota, a cap) and hold less than
+--    the heads asked, the endpoints of the best due events get them first.
 -- 6. grants: one ratebucket.bucket_take_batch for the whole batch, called
 --    once every lock on events is taken: it locks every bucket the batch
 --    names once, in byte order of the keys (the order bucket_take_all locks
@@ -183,14 +184,14 @@ BEGIN
                   CROSS JOIN LATERAL (SELECT ratebucket.bucket_grantable(k.key, per_endpoint) AS n) g) l
              ) v
     ), heads AS (
-        SELECT r.endpoint, r.limits, r.inflight_key, least(r.n, batch - r.before) AS n
-        FROM (SELECT z.endpoint, z.limits, z.inflight_key, z.n,
+        SELECT r.endpoint, r.limits, r.inflight_key, r.pos, least(r.n, batch - r.before) AS n
+        FROM (SELECT z.endpoint, z.limits, z.inflight_key, z.pos, z.n,
                      sum(z.n) OVER (ORDER BY z.pos) - z.n AS before
               FROM sized z
               WHERE z.n > 0 AND z.configured) r
         WHERE r.before < batch
     ), locked AS (
-        SELECT x.id, x.endpoint, x.limits, x.inflight_key, x.priority, x.next_attempt_at
+        SELECT x.id, x.endpoint, x.limits, x.inflight_key, x.priority, x.next_attempt_at, hd.pos
         FROM heads hd
         CROSS JOIN LATERAL (
             SELECT e.id, e.endpoint, e.limits, e.inflight_key, e.priority, e.next_attempt_at
@@ -211,11 +212,9 @@ BEGIN
     ), batches AS MATERIALIZED (
         SELECT l.endpoint, l.limits, l.inflight_key,
                array_agg(l.id ORDER BY l.priority DESC, l.next_attempt_at, l.id) AS ids,
-               row_number() OVER (ORDER BY l.endpoint COLLATE "C",
-                                           l.limits::text COLLATE "C",
-                                           l.inflight_key COLLATE "C") AS req
+               row_number() OVER (ORDER BY l.pos) AS req
         FROM locked l
-        GROUP BY l.endpoint, l.limits, l.inflight_key
+        GROUP BY l.endpoint, l.limits, l.inflight_key, l.pos
     ), grants AS MATERIALIZED (
         SELECT b.endpoint, b.ids, t.granted, t.wait_seconds, t.slots
         FROM (SELECT array_agg(ROW(ARRAY[b.endpoint] || b.limits, cardinality(b.ids),

@@ -31,7 +31,8 @@
  *      no token for.
  *
  * Requests are granted in order, so put the best first (the claim passes
- * them in endpoint order; one request per endpoint is the usual case).
+ * them in walk order, the order of their endpoints' best due events; one
+ * request per endpoint is the usual case).
  *
  *-------------------------------------------------------------------------
  */
