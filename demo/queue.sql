@@ -124,8 +124,10 @@ CREATE TRIGGER webhook_events_notify
 --    of endpoints that have tokens go meanwhile, and each parked event comes
 --    back due about when it can be sent (at most a year ahead).  Attempts do
 --    not change.  (Locked with SKIP LOCKED, never waited for, never claimed.)
---    An endpoint held back only by a full in-flight cap is not parked: no
---    one knows when a slot frees; its events stay due.
+--    An endpoint held back by a full in-flight cap is parked for at least
+--    cap_wait seconds (0.5 by default): no one knows when a slot frees, and
+--    left due, its events would fill the walk and hide every endpoint
+--    queued behind them until one did.
 -- 9. the rest are claimed: status 'sending', leased until now() + lease,
 --    each holding its slot.
 --
@@ -137,7 +139,8 @@ CREATE FUNCTION claim_events(
     per_endpoint int DEFAULT 10,
     lease interval DEFAULT '30 seconds',
     park_after float8 DEFAULT 0,
-    park_max int DEFAULT 1000)
+    park_max int DEFAULT 1000,
+    cap_wait float8 DEFAULT 0.5)
 RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb)
 LANGUAGE plpgsql VOLATILE
 -- Planned for any LIMIT, the statement's cost estimate is huge although it
@@ -169,7 +172,8 @@ BEGIN
                least(v.n, v.limits_n, v.free) AS n,
                -- the endpoint, every limit and the cap are configured
                v.endpoint_configured AND NOT v.limits_unconfigured
-                   AND (v.inflight_key IS NULL OR v.free IS NOT NULL) AS configured
+                   AND (v.inflight_key IS NULL OR v.free IS NOT NULL) AS configured,
+               v.free = 0 AS cap_full
         FROM (SELECT w.endpoint, w.limits, w.inflight_key, w.pos, w.n,
                      l.n AS limits_n, l.unconfigured AS limits_unconfigured,
                      ratebucket.bucket_grantable(w.endpoint) IS NOT NULL AS endpoint_configured,
@@ -234,7 +238,8 @@ BEGIN
                 p.wait + CASE WHEN p.rate > 0 THEN (x.k - 1) / greatest(p.rate, 1e-9) ELSE 0 END,
                 366 * 86400.0))
         FROM (SELECT z.endpoint, z.limits, z.inflight_key,
-                     max(ratebucket.bucket_wait(k.key)) AS wait,
+                     greatest(max(ratebucket.bucket_wait(k.key)),
+                              CASE WHEN bool_or(z.cap_full) THEN cap_wait ELSE 0 END) AS wait,
                      min((SELECT b.effective_rate FROM ratebucket.bucket_status b
                           WHERE b.endpoint = k.key AND b.effective_rate > 0)) AS rate
               FROM sized z

@@ -26,15 +26,14 @@
 #                            5 events claimed over three claims, the other
 #                            15 parked until the quota resets.
 #   In-flight cap            a cap of 3 over three endpoints: a claim gets 3,
-#                            the next 0 (no error, no token spent, nothing
-#                            parked); an outcome frees a slot and the next
+#                            the next 0 (no error, no token spent; with
+#                            cap_wait => 0 nothing parked); an outcome frees a slot and the next
 #                            claim gets 1; requeue_expired frees the slots of
 #                            expired leases, events pending, attempts
 #                            unchanged, and the next claim gets them again.
-#                            (TODO, a known bug: an endpoint held back only
-#                            by a full cap is neither claimed nor parked, so
-#                            20 x batch of its due events hide every
-#                            endpoint queued behind them.)
+#                            An endpoint held back only by a full cap is
+#                            parked for cap_wait, so 20 x batch of its due
+#                            events do not hide the endpoints behind them.
 #   Unconfigured limit       events whose limit is not configured, or whose
 #                            cap does not exist, are left alone (not claimed,
 #                            not parked, no token spent), and the claim still
@@ -61,7 +60,8 @@
 #                            transaction, which holds the cap's row: exact)
 #                            and 5 reached; slots = events in flight at the
 #                            end; no error, no deadlock.  (A's events are
-#                            queued before B's: see the TODO above.)
+#                            queued before B's, so that A's demand never
+#                            waits on B's cap.)
 
 use strict;
 use warnings;
@@ -273,11 +273,11 @@ is(sql($in_flight), '3', 'the cap holds 3');
 is(sql($slots_match), 't', 'one slot for each claimed event, the slots the cap holds');
 is(sql(q{SELECT sum(tokens_granted) FROM ratebucket.bucket_status}), '3',
 	'tokens were spent only on the 3 events that got a slot');
-is(sql(q{SELECT count(*) FROM claim_events(80, 10)}), '0',
+is(sql(q{SELECT count(*) FROM claim_events(80, 10, cap_wait => 0)}), '0',
 	'the next claim gets none, without an error');
 is(sql(q{SELECT count(*) FROM webhook_events
 		 WHERE status = 'pending' AND attempts = 0 AND next_attempt_at <= now()}),
-	'9', 'the other 9 stay due (a full cap has no known end: nothing parked)');
+	'9', 'the other 9 stay due (cap_wait => 0: a full cap parks nothing)');
 my $first_sent = sql(q{SELECT min(id) FROM webhook_events WHERE status = 'sending'});
 is(sql(qq{SELECT record_delivery($first_sent, 200)}), 'success', 'one outcome recorded');
 is(sql($in_flight), '2', 'which freed its slot');
@@ -299,12 +299,12 @@ is(sql(qq{SELECT string_agg(status || '/' || attempts || '/' || coalesce(slot::t
 	'the events are pending again, attempts unchanged, holding nothing');
 is(sql(q{SELECT count(*) FROM claim_events(80, 10)}), '3', 'and the next claim gets 3 again');
 
-# A known bug, not fixed here: an endpoint held back only by a full cap is
-# neither claimed nor parked (no one knows when a slot frees), so its due
-# events stay at the head of the queue.  The walk reads at most 20 x batch
-# due events: 400 such events hide the endpoint "late" behind them, which
-# has tokens and due events, and every claim returns nothing until a slot
-# frees.  (Events of an unconfigured endpoint or limit do the same.)
+# An endpoint held back only by a full cap is parked for cap_wait (0.5 s by
+# default): no one knows when a slot frees, and left due its events would
+# stay at the head of the queue.  The walk reads at most 20 x batch due
+# events: 401 such events would hide the endpoint "late" behind them, which
+# has tokens and due events, until a slot freed.  (Events of an
+# unconfigured endpoint or limit still do: they are left alone.)
 clean();
 sql(q{
 SELECT ratebucket.inflight_configure('full', 1);
@@ -314,13 +314,17 @@ SELECT 'capped', 1, 'full' FROM generate_series(1, 401);
 INSERT INTO webhook_events (endpoint) SELECT 'late' FROM generate_series(1, 5);
 });
 is(sql(q{SELECT count(*) FROM claim_events(15, 5)}), '1', 'a cap of 1: a claim gets 1');
-TODO:
-{
-	local $TODO = 'events held back only by a full in-flight cap fill the walk';
-	is(sql(q{SELECT string_agg(endpoint || '=' || n, ' ' ORDER BY endpoint)
-			 FROM (SELECT endpoint, count(*) AS n FROM claim_events(15, 5) GROUP BY endpoint) c}),
-		'late=5', 'an endpoint queued behind 400 events of a full cap still gets its turn');
-}
+is(sql(q{SELECT count(*) FROM claim_events(15, 5)}), '0',
+	'the next claim gets none: the walk meets only the capped endpoint');
+is(sql(q{SELECT count(*) || ' ' || bool_and(next_attempt_at BETWEEN now() + interval '0.4 s'
+												  AND now() + interval '2 s')
+		 FROM webhook_events WHERE endpoint = 'capped' AND status = 'pending'}),
+	'400 true', 'and parks its events for about cap_wait (0.5 s)');
+is(sql(q{SELECT string_agg(endpoint || '=' || n, ' ' ORDER BY endpoint)
+		 FROM (SELECT endpoint, count(*) AS n FROM claim_events(15, 5) GROUP BY endpoint) c}),
+	'late=5', 'so the endpoint queued behind 400 events of a full cap gets its turn');
+is(sql(q{SELECT count(*) FROM webhook_events WHERE endpoint = 'capped' AND attempts > 0}), '0',
+	'the capped events\' attempts did not change');
 
 # ----------------------------------------------------- unconfigured limit --
 
@@ -426,9 +430,9 @@ is(events_of('true'), $events_before, 'and every event as it was');
 # B's events also under the in-flight cap capB of 5.  A recorder script
 # records outcomes: any event of A, and events of B once in flight for 200
 # ms (so the cap fills: 5 slots for 200 ms is at most 25/s, below B's 30/s).
-# A's events are queued before B's (priority 1): B's, held back by their full
-# cap, are never parked and would otherwise hide A's from the walk (the
-# TODO above).
+# A's events are queued before B's (priority 1), so that A's demand never
+# waits on B's cap: B's events, held back by their full cap, are parked for
+# cap_wait, and until then they stand in the walk.
 clean();
 my %bucket = (
 	acctA => [100, 20], a1 => [80, 40], a2 => [80, 40], a3 => [80, 40],
