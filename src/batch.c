@@ -68,6 +68,7 @@ typedef struct RbBatchBucket
 	RbBucket	work;			/* what the grants so far leave */
 	bool		granted;		/* some request took from it: write it */
 	bool		striped;		/* taken alone, after the others */
+	bool		alone;			/* every request naming it names nothing else */
 } RbBatchBucket;
 
 /* One in-flight cap of the batch. */
@@ -294,6 +295,19 @@ rb_batch_parse(ArrayType *arr, RbBatch *batch)
 			for (j = 0; j < req->nkeys; j++)
 				req->buckets[j] = rb_find_key(sorted, nb, all_keys[pos++]);
 		}
+	}
+
+	/* which buckets only requests of their own name, without a cap */
+	for (i = 0; i < batch->nbuckets; i++)
+		batch->buckets[i].alone = true;
+	for (i = 0; i < n; i++)
+	{
+		RbBatchRequest *req = &batch->requests[i];
+		int			j;
+
+		if (req->nkeys > 1 || req_cap[i] != NULL)
+			for (j = 0; j < req->nkeys; j++)
+				batch->buckets[req->buckets[j]].alone = false;
 	}
 
 	/* the caps, in lock order */
@@ -551,15 +565,17 @@ ratebucket_take_batch(PG_FUNCTION_ARGS)
 
 	/*
 	 * 1. Lock every bucket, in byte order.  A striped endpoint's own row is
-	 * not locked once this backend knows it is striped: its takes go to its
-	 * stripes, and holding the row would queue every other claim of it.
+	 * not locked once this backend knows it is striped, if it is taken
+	 * alone: its takes go to its stripes, and holding the row would queue
+	 * every other claim of it.  (Named with other buckets, it is locked and
+	 * read, so that the error below is never from a stale memory.)
 	 */
 	rb_storage_begin(&session);
 	for (i = 0; i < batch.nbuckets; i++)
 	{
 		RbBatchBucket *b = &batch.buckets[i];
 
-		if (rb_stripe_cached(b->endpoint) > 1)
+		if (b->alone && rb_stripe_cached(b->endpoint) > 1)
 		{
 			b->striped = true;
 			continue;
