@@ -104,15 +104,7 @@ CREATE TRIGGER webhook_events_notify
 -- 5. batches: one request per endpoint, numbered in walk order: where
 --    its buckets are shared (an account, a quota, a cap) and hold less than
 --    the heads asked, the endpoints of the best due events get them first.
--- 6. grants: one ratebucket.bucket_take_batch for the whole batch, called
---    once every lock on events is taken: it locks every bucket the batch
---    names once, in byte order of the keys (the order bucket_take_all locks
---    in too, so takers cannot deadlock), grants each request as many tokens
---    as its endpoint and every one of its limits hold (one row update per
---    bucket for the whole batch), and as many slots of its cap.
--- 7. deferred: locked events that got no token (or no slot) go back to the
---    queue at the time the next token comes; their attempts do not change.
--- 8. parked: endpoints the walk met without a token, or whose limits have
+-- 6. parked: endpoints the walk met without a token, or whose limits have
 --    none (for at least park_after seconds: by default any): up to park_max
 --    of their due events with the limits and cap of the first one (as in
 --    4) move to the times their tokens will come, the first when the next
@@ -128,6 +120,16 @@ CREATE TRIGGER webhook_events_notify
 --    cap_wait seconds (0.5 by default): no one knows when a slot frees, and
 --    left due, its events would fill the walk and hide every endpoint
 --    queued behind them until one did.
+--    Done before the grants: the buckets stay locked from the grants to the
+--    commit, and other claims of the same endpoints wait for them meanwhile.
+-- 7. grants: one ratebucket.bucket_take_batch for the whole batch, called
+--    once every lock on events is taken: it locks every bucket the batch
+--    names once, in byte order of the keys (the order bucket_take_all locks
+--    in too, so takers cannot deadlock), grants each request as many tokens
+--    as its endpoint and every one of its limits hold (one row update per
+--    bucket for the whole batch), and as many slots of its cap.
+-- 8. deferred: locked events that got no token (or no slot) go back to the
+--    queue at the time the next token comes; their attempts do not change.
 -- 9. the rest are claimed: status 'sending', leased until now() + lease,
 --    each holding its slot.
 --
@@ -219,19 +221,6 @@ BEGIN
                row_number() OVER (ORDER BY l.pos) AS req
         FROM locked l
         GROUP BY l.endpoint, l.limits, l.inflight_key, l.pos
-    ), grants AS MATERIALIZED (
-        SELECT b.endpoint, b.ids, t.granted, t.wait_seconds, t.slots
-        FROM (SELECT array_agg(ROW(ARRAY[b.endpoint] || b.limits, cardinality(b.ids),
-                                   b.inflight_key)::ratebucket.batch_request
-                               ORDER BY b.req) AS requests
-              FROM batches b) r
-        CROSS JOIN LATERAL ratebucket.bucket_take_batch(r.requests) t
-        JOIN batches b ON b.req = t.request
-    ), deferred AS (
-        UPDATE webhook_events e
-        SET next_attempt_at = now() + make_interval(secs => g.wait_seconds)
-        FROM grants g
-        WHERE e.id = ANY (g.ids[g.granted + 1:])
     ), parked AS (
         UPDATE webhook_events e
         SET next_attempt_at = now() + make_interval(secs => least(
@@ -259,6 +248,23 @@ BEGIN
                   LIMIT park_max
                   FOR UPDATE SKIP LOCKED) y) x
         WHERE p.wait > 0 AND p.wait >= park_after AND e.id = x.id
+        RETURNING 1
+    ), grants AS MATERIALIZED (
+        SELECT b.endpoint, b.ids, t.granted, t.wait_seconds, t.slots
+        FROM (SELECT array_agg(ROW(ARRAY[b.endpoint] || b.limits, cardinality(b.ids),
+                                   b.inflight_key)::ratebucket.batch_request
+                               ORDER BY b.req) AS requests
+              FROM batches b
+              -- after the parking: the buckets stay locked from here to
+              -- the commit, and other claims wait for them meanwhile
+              WHERE (SELECT count(*) FROM parked) >= 0) r
+        CROSS JOIN LATERAL ratebucket.bucket_take_batch(r.requests) t
+        JOIN batches b ON b.req = t.request
+    ), deferred AS (
+        UPDATE webhook_events e
+        SET next_attempt_at = now() + make_interval(secs => g.wait_seconds)
+        FROM grants g
+        WHERE e.id = ANY (g.ids[g.granted + 1:])
     )
     UPDATE webhook_events e
     SET status = 'sending', lease_until = now() + lease,
