@@ -93,8 +93,11 @@ CREATE TRIGGER webhook_events_notify
 --    their counts fill the batch (the last one takes what is left of it).
 --    Endpoints without a token, or whose account has none, are filtered
 --    here, before anything is locked.  Events of an endpoint (or a limit, or
---    a cap) that has no configuration (never configured, or dropped) are
---    left alone: they wait, visible, for it, instead of failing every claim.
+--    a cap) that has no configuration (never configured, or dropped), and
+--    events with limits or a cap on a striped endpoint or naming a striped
+--    limit (a striped bucket is taken alone), are left alone: they wait,
+--    visible, for it, instead of failing every claim.  (A limit repeated, or
+--    naming the endpoint itself, counts once.)
 -- 4. locked: for each head, lock up to that many of its due events, best
 --    first, skipping events other workers hold: only events with the same
 --    limits and cap as its first one, the limits step 2 sized it by.  (An
@@ -174,7 +177,9 @@ BEGIN
                least(v.n, v.limits_n, v.free) AS n,
                -- the endpoint, every limit and the cap are configured
                v.endpoint_configured AND NOT v.limits_unconfigured
-                   AND (v.inflight_key IS NULL OR v.free IS NOT NULL) AS configured,
+                   AND (v.inflight_key IS NULL OR v.free IS NOT NULL)
+                   -- a striped bucket is taken alone, never with limits
+                   AND NOT v.striped_with_limits AS configured,
                v.free = 0 AS cap_full
         FROM (SELECT w.endpoint, w.limits, w.inflight_key, w.pos, w.n,
                      l.n AS limits_n, l.unconfigured AS limits_unconfigured,
@@ -182,7 +187,12 @@ BEGIN
                      CASE WHEN w.inflight_key IS NOT NULL THEN
                          (SELECT greatest(s.cap - s.in_flight, 0)::int
                           FROM ratebucket.inflight_status s
-                          WHERE s.key = w.inflight_key) END AS free
+                          WHERE s.key = w.inflight_key) END AS free,
+                     CASE WHEN cardinality(w.limits) > 0 OR w.inflight_key IS NOT NULL THEN
+                         (SELECT coalesce(bool_or(b.stripes > 1), false)
+                          FROM ratebucket.bucket_status b
+                          WHERE b.endpoint = ANY (ARRAY[w.endpoint] || w.limits))
+                         ELSE false END AS striped_with_limits
               FROM walk w
               CROSS JOIN LATERAL (
                   SELECT min(g.n) AS n, coalesce(bool_or(g.n IS NULL), false) AS unconfigured
@@ -251,7 +261,9 @@ BEGIN
         RETURNING 1
     ), grants AS MATERIALIZED (
         SELECT b.endpoint, b.ids, t.granted, t.wait_seconds, t.slots
-        FROM (SELECT array_agg(ROW(ARRAY[b.endpoint] || b.limits, cardinality(b.ids),
+        FROM (SELECT array_agg(ROW(ARRAY(SELECT DISTINCT k       -- each bucket once
+                                         FROM unnest(ARRAY[b.endpoint] || b.limits) AS k),
+                                   cardinality(b.ids),
                                    b.inflight_key)::ratebucket.batch_request
                                ORDER BY b.req) AS requests
               FROM batches b

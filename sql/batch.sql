@@ -275,7 +275,7 @@ SELECT stmt, pg_temp.try(stmt) FROM (VALUES
 	($$SELECT * FROM ratebucket.bucket_take_batch(ARRAY[[pg_temp.req(ARRAY['lane:x'], 1)],
 														  [pg_temp.req(ARRAY['lane:y'], 1)]])$$),
 	($$SELECT * FROM ratebucket.bucket_take_batch(
-		(SELECT array_agg(pg_temp.req(ARRAY['lane:x'], 0)) FROM generate_series(1, 1001)))$$)
+		(SELECT array_agg(pg_temp.req(ARRAY['lane:x'], 0)) FROM generate_series(1, 10001)))$$)
 ) AS c(stmt);
 SELECT pg_temp.fingerprint() = :'before' AS unchanged;
 

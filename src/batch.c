@@ -55,7 +55,7 @@
 PG_FUNCTION_INFO_V1(ratebucket_take_batch);
 
 /* Most requests, and most distinct buckets, one batch may name. */
-#define RB_MAX_BATCH 1000
+#define RB_MAX_BATCH 10000
 /* Most buckets one request may name (as bucket_take_all). */
 #define RB_MAX_BATCH_KEYS 64
 
@@ -564,23 +564,41 @@ ratebucket_take_batch(PG_FUNCTION_ARGS)
 	rb_batch_parse(PG_GETARG_ARRAYTYPE_P(0), &batch);
 
 	/*
-	 * 1. Lock every bucket, in byte order.  A striped endpoint's own row is
-	 * not locked once this backend knows it is striped, if it is taken
-	 * alone: its takes go to its stripes, and holding the row would queue
-	 * every other claim of it.  (Named with other buckets, it is locked and
-	 * read, so that the error below is never from a stale memory.)
+	 * 1. Lock every bucket, in byte order.  A striped endpoint taken alone
+	 * is taken from its stripes after the others (below), and its own row
+	 * is not waited for: not locked at all once this backend knows it is
+	 * striped (holding it would queue every other claim of it), and when
+	 * another transaction holds it (a bucket_observe carrying a cooldown to
+	 * the stripes holds it and them, and may wait for a bucket this batch
+	 * holds), only peeked.  Named with other buckets, it is locked and
+	 * read, so that the error below is never from a stale memory.
 	 */
 	rb_storage_begin(&session);
 	for (i = 0; i < batch.nbuckets; i++)
 	{
 		RbBatchBucket *b = &batch.buckets[i];
+		bool		have = false;
 
-		if (b->alone && rb_stripe_cached(b->endpoint) > 1)
+		if (b->alone)
 		{
-			b->striped = true;
-			continue;
+			RbBucket	peeked;
+
+			if (rb_stripe_cached(b->endpoint) > 1)
+			{
+				b->striped = true;
+				continue;
+			}
+			have = rb_storage_lock_skip(b->endpoint, &b->row);
+			/* held by another: a striped endpoint's row is not waited for */
+			if (!have && rb_storage_peek(b->endpoint, &peeked) &&
+				rb_is_stripe_parent(&peeked))
+			{
+				b->striped = true;
+				continue;
+			}
 		}
-		if (!rb_storage_lock(b->endpoint, &b->row) || !rb_is_configured(&b->row))
+		if ((!have && !rb_storage_lock(b->endpoint, &b->row)) ||
+			!rb_is_configured(&b->row))
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_OBJECT),
 					 errmsg("endpoint \"%s\" is not configured", b->key),
@@ -679,7 +697,13 @@ ratebucket_take_batch(PG_FUNCTION_ARGS)
 			rb_storage_update(&batch.buckets[i].work);
 	rb_storage_end(&session);
 
-	/* striped endpoints, each alone, as bucket_take_upto takes them */
+	/*
+	 * Striped endpoints, each alone, as bucket_take_upto takes them, but
+	 * never waiting: every other bucket of the batch is held now, out of
+	 * the byte order, and a transaction holding all of a stripe's rows (a
+	 * bucket_observe carrying a cooldown to every stripe) may be waiting
+	 * for one of them.  Every stripe held is a refusal with no wait.
+	 */
 	for (i = 0; i < batch.nrequests; i++)
 	{
 		RbBatchRequest *req = &batch.requests[i];
@@ -688,7 +712,7 @@ ratebucket_take_batch(PG_FUNCTION_ARGS)
 		if (!rb_request_striped(&batch, req) || req->tokens == 0)
 			continue;
 		r = rb_take_upto_configured(batch.buckets[req->buckets[0]].endpoint,
-									req->tokens, &req->granted);
+									req->tokens, true, &req->granted);
 		req->wait = req->granted < req->tokens ? r.wait_seconds : 0.0;
 	}
 

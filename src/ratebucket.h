@@ -28,7 +28,7 @@ extern int64 rb_peek_grantable(text *endpoint, int64 upto);
 extern bool rb_peek_grantable_configured(text *endpoint, int64 upto,
 										 int64 *granted);
 extern RbTakeResult rb_take_upto_configured(text *endpoint, int64 upto,
-											int64 *granted);
+											bool nowait, int64 *granted);
 extern RbTakeResult rb_take_upto_held(RbBucket *bucket, text *endpoint,
 									  int64 upto, TimestampTz now,
 									  int64 *granted);

@@ -217,7 +217,8 @@ rb_limits_for(const RbBucket *bucket, bool use_config,
  *		What a take asks for: the limits (use_config: those stored by
  *		bucket_configure; otherwise rate and capacity, capped by them), and
  *		either "want" tokens or, with upto > 0, as many whole tokens as the
- *		bucket grants up to that many.
+ *		bucket grants up to that many.  With nowait, a take that would have
+ *		to wait for another transaction's row is refused instead (wait 0).
  */
 typedef struct RbTakeRequest
 {
@@ -226,6 +227,7 @@ typedef struct RbTakeRequest
 	double		capacity;
 	double		want;
 	int64		upto;
+	bool		nowait;			/* never wait for a row another holds */
 } RbTakeRequest;
 
 /*
@@ -467,6 +469,14 @@ rb_take_striped(text *endpoint, int k, const RbTakeRequest *req,
 		return false;
 
 	/* Every stripe that could grant is held by another transaction. */
+	if (req->nowait)
+	{
+		result->allowed = false;
+		result->remaining = 0.0;
+		result->wait_seconds = 0.0;
+		*granted = 0.0;
+		return true;
+	}
 	if (!rb_storage_lock(rb_stripe_key(endpoint, held, k), &stripe))
 		return false;
 	rb_take_stripe(endpoint, k, &stripe, &sreq, result, granted);
@@ -562,6 +572,16 @@ rb_take_request(text *endpoint, const RbTakeRequest *req, double *granted)
 			return result;
 		}
 
+		if (exists && req->nowait)
+		{
+			/* held by another transaction: refused, not waited for */
+			rb_storage_end(&session);
+			*granted = 0.0;
+			result.allowed = false;
+			result.remaining = 0.0;
+			result.wait_seconds = 0.0;
+			return result;
+		}
 		if (req->use_config)
 		{
 			if (!exists || !rb_storage_lock(endpoint, &bucket))
@@ -660,7 +680,7 @@ rb_upto_result_datum(FunctionCallInfo fcinfo, const RbTakeResult *result,
 Datum
 ratebucket_take(PG_FUNCTION_ARGS)
 {
-	RbTakeRequest req = {false, 0.0, 0.0, 0.0, 0};
+	RbTakeRequest req = {false, 0.0, 0.0, 0.0, 0, false};
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	RbTakeResult result;
 	double		granted;
@@ -682,7 +702,7 @@ ratebucket_take(PG_FUNCTION_ARGS)
 Datum
 ratebucket_take_configured(PG_FUNCTION_ARGS)
 {
-	RbTakeRequest req = {true, 0.0, 0.0, 0.0, 0};
+	RbTakeRequest req = {true, 0.0, 0.0, 0.0, 0, false};
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	RbTakeResult result;
 	double		granted;
@@ -703,7 +723,7 @@ ratebucket_take_configured(PG_FUNCTION_ARGS)
 Datum
 ratebucket_take_upto(PG_FUNCTION_ARGS)
 {
-	RbTakeRequest req = {false, 0.0, 0.0, 0.0, 0};
+	RbTakeRequest req = {false, 0.0, 0.0, 0.0, 0, false};
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	RbTakeResult result;
 	double		granted;
@@ -725,7 +745,7 @@ ratebucket_take_upto(PG_FUNCTION_ARGS)
 Datum
 ratebucket_take_upto_configured(PG_FUNCTION_ARGS)
 {
-	RbTakeRequest req = {true, 0.0, 0.0, 0.0, 0};
+	RbTakeRequest req = {true, 0.0, 0.0, 0.0, 0, false};
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	RbTakeResult result;
 	double		granted;
@@ -751,7 +771,7 @@ RbTakeResult
 rb_take_upto_held(RbBucket *bucket, text *endpoint, int64 upto,
 				  TimestampTz now, int64 *granted)
 {
-	RbTakeRequest req = {true, 0.0, 0.0, 0.0, 0};
+	RbTakeRequest req = {true, 0.0, 0.0, 0.0, 0, false};
 	RbTakeResult result;
 	double		rate = 0.0;
 	double		capacity = 0.0;
@@ -777,16 +797,19 @@ rb_take_upto_held(RbBucket *bucket, text *endpoint, int64 upto,
 /*
  * rb_take_upto_configured
  *		bucket_take_upto(endpoint, max_tokens) from C, striped endpoints
- *		included, in a storage session of its own.  Sets *granted.
+ *		included, in a storage session of its own.  Sets *granted.  With
+ *		nowait, a take that would wait for another transaction's row (every
+ *		stripe that could grant held) is refused instead, with wait 0.
  */
 RbTakeResult
-rb_take_upto_configured(text *endpoint, int64 upto, int64 *granted)
+rb_take_upto_configured(text *endpoint, int64 upto, bool nowait, int64 *granted)
 {
-	RbTakeRequest req = {true, 0.0, 0.0, 0.0, 0};
+	RbTakeRequest req = {true, 0.0, 0.0, 0.0, 0, false};
 	RbTakeResult result;
 	double		g;
 
 	req.upto = upto;
+	req.nowait = nowait;
 	result = rb_take_request(endpoint, &req, &g);
 	*granted = (int64) g;
 	return result;
