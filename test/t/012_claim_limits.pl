@@ -93,7 +93,7 @@ sub sql { return $node->safe_psql('postgres', $_[0]); }
 sub clean
 {
 	sql(q{TRUNCATE webhook_events;
-		  SELECT count(ratebucket.bucket_drop(endpoint)) FROM ratebucket.buckets;
+		  SELECT count(ratebucket.bucket_drop(endpoint)) FROM ratebucket.bucket_status;
 		  SELECT count(ratebucket.inflight_drop(key)) FROM ratebucket.inflight_caps});
 }
 
@@ -345,6 +345,28 @@ is(events_of(q{endpoint IN ('u1', 'u2')}), $unconf_before,
 	'and are left alone: not claimed, not parked, attempts unchanged');
 is(grants_of('u1', 'u2'), 'u1=0/0 u2=0/0', 'no token taken from their endpoints');
 is(sql(q{SELECT count(*) FROM claim_events(80, 10)}), '0', 'a second claim: still no error');
+
+# Limits a claim cannot take together: a striped endpoint with a limit or a
+# cap, a limit that is striped.  Left alone too, never an error for the
+# claim; a limit named twice, or naming the endpoint itself, counts once.
+clean();
+sql(qq{
+SELECT ratebucket.bucket_configure(e, 1000, 1000)
+FROM unnest(ARRAY['hot1', 'hot2', 'hot3', 'hotacct', 'p1', 'p2', 'acct']) e;
+SELECT ratebucket.bucket_stripe(e, 2) FROM unnest(ARRAY['hot1', 'hot2', 'hot3', 'hotacct']) e;
+SELECT ratebucket.inflight_configure('k', 10);
+INSERT INTO webhook_events (endpoint, priority, limits) VALUES ('hot1', 9, '{acct}');
+INSERT INTO webhook_events (endpoint, priority, inflight_key) VALUES ('hot2', 9, 'k');
+INSERT INTO webhook_events (endpoint, priority, limits) VALUES ('p1', 9, '{hotacct}');
+INSERT INTO webhook_events (endpoint, limits) VALUES ('p2', '{acct,acct,p2}');
+INSERT INTO webhook_events (endpoint) VALUES ('hot3');
+});
+my $striped_before = events_of(q{priority = 9});
+is(sql(q{SELECT string_agg(endpoint, ',' ORDER BY endpoint) FROM claim_events(80, 10)}),
+	'hot3,p2', 'striped buckets with limits do not fail the claim; the others go');
+is(events_of(q{priority = 9}), $striped_before,
+	'the events with limits on a striped endpoint, or a striped limit, are left alone');
+is(grants_of('acct'), 'acct=1/1', 'a limit named twice, and the endpoint among its limits, taken once');
 
 # ---------------------------------------------- mixed limits on one endpoint --
 
