@@ -129,7 +129,7 @@
  * COLLATE "C", as claim_events and bucket_take_all lock them), and
  * record_batch() records in that order.
  */
-enum { COL_ID, COL_ENDPOINT, COL_ATTEMPTS, COL_PAYLOAD, N_CLAIM_COLUMNS };
+enum { COL_ID, COL_ENDPOINT, COL_ATTEMPTS, COL_PAYLOAD, COL_LEASE, N_CLAIM_COLUMNS };
 
 static const struct
 {
@@ -138,7 +138,7 @@ static const struct
     int nparams;
 } statements[] = {
     {"claim",
-     "SELECT id, endpoint, attempts, payload"
+     "SELECT id, endpoint, attempts, payload, lease_until"
      " FROM claim_events($1::int, $2::int, $3::interval)"
      " ORDER BY endpoint COLLATE \"C\", id", 3},
     {"lock_events",
@@ -146,7 +146,7 @@ static const struct
      " ORDER BY id FOR UPDATE", 1},
     {"record",
      "SELECT record_delivery($1::bigint, $2::int, $3::text, $4::jsonb,"
-     " $5::boolean)", 5},
+     " $5::boolean, claimed_lease => $6::timestamptz)", 6},
     {"next_due", "SELECT next_due()", 0},
     {"events_left", "SELECT events_left(clock_timestamp() + make_interval(secs => $1::float8))", 1},
     {"requeue_expired", "SELECT requeue_expired()", 0},
@@ -1173,7 +1173,7 @@ record_batch(Worker *w, int n, Stats *st)
     {
         const Request *r = &w->requests[i];
         char status[24];
-        const char *values[5];
+        const char *values[6];
 
         values[0] = PQgetvalue(w->batch, r->row, COL_ID);
         values[1] = NULL;
@@ -1185,9 +1185,11 @@ record_batch(Worker *w, int n, Stats *st)
         values[2] = retry_after_arg(w, r);
         values[3] = headers_arg(w, r);
         values[4] = r->sent ? "true" : "false";
+        /* the lease this worker claimed it with: a later claim's is not ours */
+        values[5] = PQgetvalue(w->batch, r->row, COL_LEASE);
 
         snprintf(what, sizeof(what), "record_delivery(event %s)", values[0]);
-        res = run_prepared(w, "record", 5, values);
+        res = run_prepared(w, "record", 6, values);
         if (PQresultStatus(res) != PGRES_TUPLES_OK)
             goto fail;
         if (PQntuples(res) != 1 || PQnfields(res) != 1)

@@ -134,7 +134,8 @@ CREATE TRIGGER webhook_events_notify
 -- 8. deferred: locked events that got no token (or no slot) go back to the
 --    queue at the time the next token comes; their attempts do not change.
 -- 9. the rest are claimed: status 'sending', leased until now() + lease,
---    each holding its slot.
+--    each holding its slot.  Each is returned with its lease_until: pass it
+--    back to record_delivery (claimed_lease).
 --
 -- Tokens and slots are spent only on events returned here: locked rows
 -- skipped by another worker were never counted, and a rollback gives the
@@ -146,7 +147,7 @@ CREATE FUNCTION claim_events(
     park_after float8 DEFAULT 0,
     park_max int DEFAULT 1000,
     cap_wait float8 DEFAULT 0.5)
-RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb)
+RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb, lease_until timestamptz)
 LANGUAGE plpgsql VOLATILE
 -- Planned for any LIMIT, the statement's cost estimate is huge although it
 -- runs in milliseconds: never let JIT compile it.
@@ -283,7 +284,7 @@ BEGIN
         slot = g.slots[array_position(g.ids, e.id)]
     FROM grants g
     WHERE e.id = ANY (g.ids[1:g.granted])
-    RETURNING e.id, e.endpoint, e.attempts, e.payload;
+    RETURNING e.id, e.endpoint, e.attempts, e.payload, e.lease_until;
 END
 $$;
 
@@ -315,14 +316,18 @@ AS $$ SELECT least(30.0, 0.5 * 2 ^ least(greatest(attempts - 1, 0), 10)) $$;
 -- Returns the outcome; 'stale' if the event is no longer this worker's
 -- (its lease expired and it went back to the queue: the destination's answer
 -- is still observed), or 'missing' if it was deleted meanwhile (nothing is
--- recorded: its endpoint is no longer known).
+-- recorded: its endpoint is no longer known).  Pass claimed_lease, the
+-- lease_until claim_events returned with the event: without it, an outcome
+-- recorded after the event was requeued and claimed again by another worker
+-- would be taken for that worker's (and free its in-flight slot).
 CREATE FUNCTION record_delivery(
     event_id bigint,
     http_status int,
     retry_after text DEFAULT NULL,
     headers jsonb DEFAULT NULL,
     sent boolean DEFAULT true,
-    max_attempts int DEFAULT 25)
+    max_attempts int DEFAULT 25,
+    claimed_lease timestamptz DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -341,7 +346,11 @@ BEGIN
     SELECT * INTO fb
     FROM ratebucket.bucket_observe(ev.endpoint, http_status, retry_after, headers);
 
-    IF ev.status <> 'sending' THEN
+    -- Not this worker's claim any more: the lease ran out, the event went
+    -- back to the queue, and maybe another worker holds it now, with a
+    -- slot of its own that this outcome must not free.
+    IF ev.status <> 'sending' OR ev.lease_until IS DISTINCT FROM
+                                 coalesce(claimed_lease, ev.lease_until) THEN
         RETURN 'stale';
     END IF;
 

@@ -299,6 +299,32 @@ is(sql(qq{SELECT string_agg(status || '/' || attempts || '/' || coalesce(slot::t
 	'the events are pending again, attempts unchanged, holding nothing');
 is(sql(q{SELECT count(*) FROM claim_events(80, 10)}), '3', 'and the next claim gets 3 again');
 
+# A late outcome.  Worker 1 claimed the event with a lease that ran out; the
+# event was requeued and claimed again by worker 2, with a slot of its own.
+# Worker 1's outcome, recorded with the lease it claimed with, is stale: it
+# must not free worker 2's slot nor settle worker 2's delivery.
+clean();
+sql(q{
+SELECT ratebucket.inflight_configure('lk', 5);
+SELECT ratebucket.bucket_configure('late1', 1000, 1000);
+INSERT INTO webhook_events (endpoint, inflight_key) VALUES ('late1', 'lk');
+});
+my ($late_id, $lease1) = split /\|/,
+	sql(q{SELECT id, lease_until FROM claim_events(10, 10, lease => '1 millisecond')});
+sql(q{SELECT pg_sleep(0.05)});
+is(sql(q{SELECT requeue_expired()}), '1', 'worker 1\'s lease ran out: the event is requeued');
+my $lease2 = sql(q{SELECT lease_until FROM claim_events(10, 10)});
+ok($lease2 ne '' && $lease2 ne $lease1, 'and claimed again, by worker 2, with a lease of its own');
+is(sql(qq{SELECT record_delivery($late_id, 200, claimed_lease => '$lease1')}), 'stale',
+	'worker 1\'s late outcome, recorded with its own lease, is stale');
+is(sql(q{SELECT in_flight FROM ratebucket.inflight_status WHERE key = 'lk'}) . ' '
+	 . sql(qq{SELECT status || '/' || attempts || '/' || (slot IS NOT NULL) FROM webhook_events WHERE id = $late_id}),
+	'1 sending/0/true', 'worker 2\'s slot is still held, its delivery still in flight');
+is(sql(qq{SELECT record_delivery($late_id, 200, claimed_lease => '$lease2')}), 'success',
+	'worker 2\'s outcome is recorded');
+is(sql(q{SELECT in_flight FROM ratebucket.inflight_status WHERE key = 'lk'}), '0',
+	'and frees its slot');
+
 # An endpoint held back only by a full cap is parked for cap_wait (0.5 s by
 # default): no one knows when a slot frees, and left due its events would
 # stay at the head of the queue.  The walk reads at most 20 x batch due
