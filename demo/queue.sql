@@ -260,19 +260,21 @@ BEGIN
                   FOR UPDATE SKIP LOCKED) y) x
         WHERE p.wait > 0 AND p.wait >= park_after AND e.id = x.id
         RETURNING 1
+    ), taken AS MATERIALIZED (        -- the one call, whatever the join below
+        SELECT t.request, t.granted, t.wait_seconds, t.slots
+        FROM ratebucket.bucket_take_batch((
+                 SELECT array_agg(ROW(ARRAY(SELECT DISTINCT k       -- each bucket once
+                                            FROM unnest(ARRAY[b.endpoint] || b.limits) AS k),
+                                      cardinality(b.ids),
+                                      b.inflight_key)::ratebucket.batch_request
+                                  ORDER BY b.req)
+                 FROM batches b
+                 -- after the parking: the buckets stay locked from here to
+                 -- the commit, and other claims wait for them meanwhile
+                 WHERE (SELECT count(*) FROM parked) >= 0)) t
     ), grants AS MATERIALIZED (
         SELECT b.endpoint, b.ids, t.granted, t.wait_seconds, t.slots
-        FROM (SELECT array_agg(ROW(ARRAY(SELECT DISTINCT k       -- each bucket once
-                                         FROM unnest(ARRAY[b.endpoint] || b.limits) AS k),
-                                   cardinality(b.ids),
-                                   b.inflight_key)::ratebucket.batch_request
-                               ORDER BY b.req) AS requests
-              FROM batches b
-              -- after the parking: the buckets stay locked from here to
-              -- the commit, and other claims wait for them meanwhile
-              WHERE (SELECT count(*) FROM parked) >= 0) r
-        CROSS JOIN LATERAL ratebucket.bucket_take_batch(r.requests) t
-        JOIN batches b ON b.req = t.request
+        FROM taken t JOIN batches b ON b.req = t.request
     ), deferred AS (
         UPDATE webhook_events e
         SET next_attempt_at = now() + make_interval(secs => g.wait_seconds)
