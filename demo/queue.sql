@@ -80,8 +80,9 @@ CREATE TRIGGER webhook_events_notify
 --    without locking, and keep the first event of each endpoint:
 --    bucket_claimable answers, at an endpoint's first event, how many of its
 --    events to lock (its whole tokens, at most per_endpoint; 0 in a cooldown,
---    a pause or an open breaker), and NULL at its later events.  One busy
---    endpoint appears once: the next endpoints get their turn in the batch.
+--    a pause or an open breaker), and NULL at its later events, and at every
+--    event of an endpoint without a configuration (configured_only).  One
+--    busy endpoint appears once: the next endpoints get their turn.
 --    The walk stops after 2 x batch / per_endpoint endpoints (at least 8), or
 --    20 x batch events.
 -- 2. sized: what the event's other limits allow too: the whole tokens each
@@ -165,7 +166,8 @@ BEGIN
         SELECT h.endpoint, h.limits, h.inflight_key, h.n, row_number() OVER () AS pos
         FROM (SELECT f.endpoint, f.limits, f.inflight_key, f.n
               FROM (SELECT e.endpoint, e.limits, e.inflight_key,
-                           ratebucket.bucket_claimable(e.endpoint, per_endpoint) AS n
+                           ratebucket.bucket_claimable(e.endpoint, per_endpoint,
+                                                       configured_only => true) AS n
                     FROM webhook_events e
                     WHERE e.status = 'pending' AND e.next_attempt_at <= now()
                     ORDER BY e.priority DESC, e.next_attempt_at
@@ -176,15 +178,15 @@ BEGIN
         SELECT v.endpoint, v.limits, v.inflight_key, v.pos,
                -- least ignores NULL: no limits, no cap
                least(v.n, v.limits_n, v.free) AS n,
-               -- the endpoint, every limit and the cap are configured
-               v.endpoint_configured AND NOT v.limits_unconfigured
+               -- every limit and the cap are configured (the endpoint is:
+               -- the walk passed over endpoints that are not)
+               NOT v.limits_unconfigured
                    AND (v.inflight_key IS NULL OR v.free IS NOT NULL)
                    -- a striped bucket is taken alone, never with limits
                    AND NOT v.striped_with_limits AS configured,
                v.free = 0 AS cap_full
         FROM (SELECT w.endpoint, w.limits, w.inflight_key, w.pos, w.n,
                      l.n AS limits_n, l.unconfigured AS limits_unconfigured,
-                     ratebucket.bucket_grantable(w.endpoint) IS NOT NULL AS endpoint_configured,
                      CASE WHEN w.inflight_key IS NOT NULL THEN
                          (SELECT greatest(s.cap - s.in_flight, 0)::int
                           FROM ratebucket.inflight_status s

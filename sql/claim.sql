@@ -70,6 +70,17 @@ SELECT e, ratebucket.bucket_claimable(e, 3) AS n
 FROM (VALUES (1, 'c:five'), (2, 'c:five'), (3, 'c:a'), (4, 'c:frac'),
              (5, 'c:unknown'), (6, 'c:frac')) AS v(i, e)
 ORDER BY i;
+-- With configured_only, an endpoint without a configuration answers NULL
+-- too, at its first event as at the others (c:unknown has no row; c:adhoc
+-- a row that only explicit takes made), where the plain form answers
+-- per_endpoint for them; configured endpoints answer as before.
+SELECT allowed FROM ratebucket.bucket_take('c:adhoc', 0.000001, 5);
+SELECT e, ratebucket.bucket_claimable(e, 3) AS plain,
+       ratebucket.bucket_claimable(e, 3, configured_only => true) AS configured_only
+FROM (VALUES (1, 'c:unknown'), (2, 'c:adhoc'), (3, 'c:five'), (4, 'c:a'),
+             (5, 'c:adhoc'), (6, 'c:five')) AS v(i, e)
+ORDER BY i;
+SELECT ratebucket.bucket_claimable('c:five', 3, NULL);
 -- It only peeks: nothing was taken or written.
 SELECT endpoint, takes_granted, round(tokens::numeric, 3) AS tokens
 FROM ratebucket.bucket_status WHERE endpoint IN ('c:five', 'c:frac') ORDER BY 1;

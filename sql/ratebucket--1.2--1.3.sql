@@ -23,6 +23,19 @@ LANGUAGE C VOLATILE PARALLEL RESTRICTED COST 50;
 COMMENT ON FUNCTION ratebucket.bucket_grantable(text, int) IS
 'How many whole tokens, up to max_tokens, a take of this configured bucket would be granted now, judged from the last committed state without locking or writing (0 in a cooldown, a pause or an open breaker); NULL if the endpoint is not configured. For a claim''s filter on the buckets its events share (an account, a quota).';
 
+-- The claim's filter, telling in the same peek an endpoint without a
+-- configuration (NULL, like one already seen) from one without tokens (0).
+CREATE FUNCTION ratebucket.bucket_claimable(
+	endpoint text,
+	per_endpoint int,
+	configured_only boolean)
+RETURNS int
+AS 'MODULE_PATHNAME', 'ratebucket_claimable'
+LANGUAGE C VOLATILE PARALLEL UNSAFE COST 50;
+
+COMMENT ON FUNCTION ratebucket.bucket_claimable(text, int, boolean) IS
+'bucket_claimable(endpoint, per_endpoint), where with configured_only an endpoint that has no configuration (no row, or a row only explicit takes made) answers NULL, as an endpoint already seen does, instead of per_endpoint: a claim passes over its events without counting it.';
+
 CREATE TYPE ratebucket.batch_request AS (
 	buckets text[],
 	tokens int,
@@ -110,6 +123,7 @@ END;
 $$;
 
 REVOKE ALL ON FUNCTION
+	ratebucket.bucket_claimable(text, int, boolean),
 	ratebucket.bucket_grantable(text, int),
 	ratebucket.bucket_take_batch(ratebucket.batch_request[])
 	FROM PUBLIC;

@@ -340,7 +340,8 @@ SELECT * FROM fresh_vs_updated ORDER BY object, property, side;
 -- quota columns of the table and of the view, the view's new definition,
 -- bucket_configure_quota, quota_window, quota_now; bucket_stripes,
 -- bucket_stripe, stripe_key, the view's stripes) and of 1.3
--- (bucket_grantable, the type batch_request, bucket_take_batch), with all their
+-- (bucket_grantable, bucket_claimable's configured_only form, the type
+-- batch_request, bucket_take_batch, inflight_acquire's new body), with all their
 -- properties (privileges and comments included), and nothing else.  A later
 -- version's update adds its own lines here.
 SELECT coalesce(n.object, o.object) AS object, coalesce(n.property, o.property) AS property,

@@ -88,18 +88,32 @@ rb_seen_table(FunctionCallInfo fcinfo)
 
 /*
  * bucket_claimable(endpoint text, per_endpoint int) returns int
+ * bucket_claimable(endpoint text, per_endpoint int, configured_only boolean)
  *		How many of this endpoint's events may this claim lock?  See the
  *		file header: the first call per endpoint and per execution peeks,
- *		later ones answer NULL.
+ *		later ones answer NULL.  With configured_only, an endpoint that has
+ *		no configuration answers NULL too (a take of it by its configuration
+ *		would be an error): the claim passes over its events as over those
+ *		of an endpoint already seen, in the same peek.
  */
 Datum
 ratebucket_claimable(PG_FUNCTION_ARGS)
 {
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	int32		per_endpoint = rb_arg_count(fcinfo, 1, "per_endpoint");
+	bool		configured_only = false;
 	HTAB	   *seen = rb_seen_table(fcinfo);
 	char	   *key = text_to_cstring(endpoint);
 	bool		found;
+
+	if (PG_NARGS() > 2)
+	{
+		if (PG_ARGISNULL(2))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("configured_only must not be null")));
+		configured_only = PG_GETARG_BOOL(2);
+	}
 
 	(void) hash_search(seen, &key, HASH_FIND, &found);
 	if (found)
@@ -118,6 +132,15 @@ ratebucket_claimable(PG_FUNCTION_ARGS)
 	}
 	pfree(key);
 
+	if (configured_only)
+	{
+		int64		granted;
+
+		/* an endpoint without a configuration: as if already seen */
+		if (!rb_peek_grantable_configured(endpoint, per_endpoint, &granted))
+			PG_RETURN_NULL();
+		PG_RETURN_INT32((int32) granted);
+	}
 	PG_RETURN_INT32((int32) rb_peek_grantable(endpoint, per_endpoint));
 }
 
