@@ -122,6 +122,9 @@ BEGIN
 END;
 $$;
 
+COMMENT ON FUNCTION ratebucket.inflight_acquire(text, int) IS
+'Acquire up to n slots of key, as many as its cap leaves free (after reclaiming slots whose lease ran out; one that another transaction is releasing is not waited for and counts as held). Returns their ids, an empty array if none is free. The acquires of one key wait for each other until commit; a rollback gives the slots back.';
+
 REVOKE ALL ON FUNCTION
 	ratebucket.bucket_claimable(text, int, boolean),
 	ratebucket.bucket_grantable(text, int),

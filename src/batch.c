@@ -462,7 +462,8 @@ rb_batch_acquire(RbBatch *batch, MemoryContext resultcxt)
  * rb_batch_check_caps
  *		Every cap the batch names exists, whether or not slots of it will be
  *		wanted: a misspelt key is an error, not a cap that looks full.  Run
- *		in the storage session, as the owner of the caps' table.
+ *		in the storage session, as the owner of the caps' table, with a
+ *		fresh snapshot (as inflight_acquire will look), not the statement's.
  */
 static void
 rb_batch_check_caps(const RbBatch *batch)
@@ -484,7 +485,7 @@ rb_batch_check_caps(const RbBatch *batch)
 	if (SPI_execute_with_args("SELECT k FROM pg_catalog.unnest($1) AS k "
 							  "WHERE NOT EXISTS (SELECT FROM ratebucket.inflight_caps AS c "
 							  "WHERE c.key OPERATOR(pg_catalog.=) k) LIMIT 1",
-							  1, argtypes, values, NULL, true, 1) != SPI_OK_SELECT)
+							  1, argtypes, values, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not look up in-flight caps");
 	if (SPI_processed > 0)
 	{
