@@ -600,10 +600,7 @@ ratebucket_take_batch(PG_FUNCTION_ARGS)
 		}
 		if ((!have && !rb_storage_lock(b->endpoint, &b->row)) ||
 			!rb_is_configured(&b->row))
-			ereport(ERROR,
-					(errcode(ERRCODE_UNDEFINED_OBJECT),
-					 errmsg("endpoint \"%s\" is not configured", b->key),
-					 errhint("Call ratebucket.bucket_configure(endpoint, rate, capacity) first.")));
+			rb_not_configured(b->endpoint, false);
 		if (rb_is_stripe_parent(&b->row))
 			b->striped = true;
 	}

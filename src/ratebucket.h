@@ -24,6 +24,7 @@ extern double rb_bucket_ceiling(const RbBucket *bucket);
 /* take.c */
 extern void rb_new_bucket(RbBucket *bucket, double rate, double capacity,
 						  TimestampTz now);
+extern void rb_not_configured(text *endpoint, bool explicit) pg_attribute_noreturn();
 extern int64 rb_peek_grantable(text *endpoint, int64 upto);
 extern bool rb_peek_grantable_configured(text *endpoint, int64 upto,
 										 int64 *granted);

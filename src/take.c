@@ -88,7 +88,7 @@ rb_new_bucket(RbBucket *bucket, double rate, double capacity, TimestampTz now)
  * The error for a configured take of an endpoint that was not configured;
  * "explicit" says whether the caller has a form taking limits instead.
  */
-static void
+void
 rb_not_configured(text *endpoint, bool explicit)
 {
 	ereport(ERROR,
