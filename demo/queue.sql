@@ -97,8 +97,9 @@ CREATE TRIGGER webhook_events_notify
 --    a cap) that has no configuration (never configured, or dropped), and
 --    events with limits or a cap on a striped endpoint or naming a striped
 --    limit (a striped bucket is taken alone), are left alone: they wait,
---    visible, for it, instead of failing every claim.  (A limit repeated, or
---    naming the endpoint itself, counts once.)
+--    visible, for it, instead of failing every claim (and are set aside when
+--    they block the walk: 10).  (A limit repeated, or naming the endpoint
+--    itself, counts once.)
 -- 4. locked: for each head, lock up to that many of its due events, best
 --    first, skipping events other workers hold: only events with the same
 --    limits and cap as its first one, the limits step 2 sized it by.  (An
@@ -137,6 +138,15 @@ CREATE TRIGGER webhook_events_notify
 -- 9. the rest are claimed: status 'sending', leased until now() + lease,
 --    each holding its slot.  Each is returned with its lease_until: pass it
 --    back to record_delivery (claimed_lease).
+-- 10. set aside, only when the claim found nothing: events the claim leaves
+--    alone (step 3: no configuration for their endpoint, a limit or their
+--    cap; limits on a striped bucket) among the 20 x batch best due events
+--    move unclaimable_wait seconds ahead (5 by default), in their order,
+--    attempts unchanged.  Left due, enough of them at the head of the queue
+--    fill the walk, and every claim would come back empty while events
+--    behind them could go.  A few of them among events that can go are not
+--    touched: claims that find something never run this step.  Once
+--    configured, they are claimed when they come due again.
 --
 -- Tokens and slots are spent only on events returned here: locked rows
 -- skipped by another worker were never counted, and a rollback gives the
@@ -147,7 +157,8 @@ CREATE FUNCTION claim_events(
     lease interval DEFAULT '30 seconds',
     park_after float8 DEFAULT 0,
     park_max int DEFAULT 1000,
-    cap_wait float8 DEFAULT 0.5)
+    cap_wait float8 DEFAULT 0.5,
+    unclaimable_wait float8 DEFAULT 5)
 RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb, lease_until timestamptz)
 LANGUAGE plpgsql VOLATILE
 -- Planned for any LIMIT, the statement's cost estimate is huge although it
@@ -161,6 +172,25 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 BEGIN
+    IF batch IS NULL OR batch < 1 OR per_endpoint IS NULL OR per_endpoint < 1 THEN
+        RAISE EXCEPTION 'batch and per_endpoint must be at least 1'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF lease IS NULL OR lease <= interval '0' THEN
+        RAISE EXCEPTION 'lease must be positive' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF park_max IS NULL OR park_max < 0 THEN
+        RAISE EXCEPTION 'park_max must not be negative' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- (NaN is above every number here, so it fails each of these too)
+    IF park_after IS NULL OR NOT (park_after >= 0 AND park_after <= 'Infinity')
+       OR cap_wait IS NULL OR NOT (cap_wait >= 0 AND cap_wait <= 366 * 86400.0)
+       OR unclaimable_wait IS NULL
+       OR NOT (unclaimable_wait >= 0 AND unclaimable_wait <= 366 * 86400.0) THEN
+        RAISE EXCEPTION 'park_after must be zero or more, cap_wait and unclaimable_wait between 0 and a year of seconds'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
     RETURN QUERY
     WITH walk AS MATERIALIZED (
         SELECT h.endpoint, h.limits, h.inflight_key, h.n, row_number() OVER () AS pos
@@ -289,6 +319,44 @@ BEGIN
     FROM grants g
     WHERE e.id = ANY (g.ids[1:g.granted])
     RETURNING e.id, e.endpoint, e.attempts, e.payload, e.lease_until;
+
+    IF NOT FOUND THEN               -- 10. set aside what blocks the walk
+        WITH head AS MATERIALIZED (
+            SELECT e.id, e.endpoint, e.limits, e.inflight_key
+            FROM webhook_events e
+            WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+            ORDER BY e.priority DESC, e.next_attempt_at
+            LIMIT 20 * batch
+        ), unclaimable AS (         -- what step 3 leaves alone, once a kind
+            SELECT g.endpoint, g.limits, g.inflight_key
+            FROM (SELECT DISTINCT h.endpoint, h.limits, h.inflight_key FROM head h) g
+            WHERE ratebucket.bucket_grantable(g.endpoint, 1) IS NULL
+               OR EXISTS (SELECT 1 FROM unnest(g.limits) AS k(key)
+                          WHERE ratebucket.bucket_grantable(k.key, 1) IS NULL)
+               OR (g.inflight_key IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM ratebucket.inflight_status s
+                                   WHERE s.key = g.inflight_key))
+               OR ((cardinality(g.limits) > 0 OR g.inflight_key IS NOT NULL)
+                   AND EXISTS (SELECT 1 FROM ratebucket.bucket_status b
+                               WHERE b.endpoint = ANY (ARRAY[g.endpoint] || g.limits)
+                                 AND b.stripes > 1))
+        ), aside AS (
+            SELECT y.id, row_number() OVER (ORDER BY y.priority DESC, y.next_attempt_at, y.id) AS k
+            FROM (SELECT e.id, e.priority, e.next_attempt_at
+                  FROM webhook_events e
+                  WHERE e.id IN (SELECT h.id
+                                 FROM head h
+                                 JOIN unclaimable u
+                                   ON u.endpoint = h.endpoint AND u.limits = h.limits
+                                  AND u.inflight_key IS NOT DISTINCT FROM h.inflight_key)
+                    AND e.status = 'pending' AND e.next_attempt_at <= now()
+                  FOR UPDATE SKIP LOCKED) y
+        )
+        UPDATE webhook_events e
+        SET next_attempt_at = now() + make_interval(secs => unclaimable_wait + a.k * 1e-6)
+        FROM aside a
+        WHERE e.id = a.id;
+    END IF;
 END
 $$;
 

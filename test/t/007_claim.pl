@@ -32,6 +32,12 @@
 #   Parking                  events of endpoints without a token move to when
 #                            their tokens come, one token apart, attempts
 #                            unchanged; below park_after, they are untouched.
+#   Set aside                events the claim leaves alone (no configuration)
+#                            stay untouched while claims find something; when
+#                            enough of them fill the walk and a claim finds
+#                            nothing, they move unclaimable_wait ahead, in
+#                            their order, and the next claim gets the events
+#                            behind them.  Bad arguments: 22023.
 #   Outcomes                 record_delivery: 2xx delivered, 429 back at the
 #                            cooldown with the attempt counted, a request
 #                            that never left not counted, 4xx failed.
@@ -242,6 +248,86 @@ is(sql(q{SELECT count(*) FROM webhook_events
 		 WHERE endpoint = 'unknown' AND status = 'pending' AND attempts = 0
 		   AND next_attempt_at <= now()}),
 	'3', 'and they wait, untouched, for a configuration');
+
+# ----------------------------------------- a head of events left alone --
+
+# Enough events the claim leaves alone at the head of the queue fill every
+# walk (20 x batch rows, or as many endpoints as the walk looks at): a claim
+# that finds nothing sets the left-alone ones among the 20 x batch best due
+# events aside for unclaimable_wait seconds, in their order, attempts
+# unchanged, and the next claim reaches the events behind them.  Here
+# batch 4: a walk of 80 rows and 8 endpoints.
+clean();
+sql(qq{
+TRUNCATE webhook_events RESTART IDENTITY;
+SELECT ratebucket.bucket_configure('known', $still, 5);
+INSERT INTO webhook_events (endpoint, priority) SELECT 'unknown', 9 FROM generate_series(1, 100);
+INSERT INTO webhook_events (endpoint) SELECT 'known' FROM generate_series(1, 3);
+});
+is(sql(q{SELECT count(*) FROM claim_events(4, 2, unclaimable_wait => 1)}), '0',
+	'100 events of an unconfigured endpoint ahead of everything: the walk finds nothing');
+my ($aside, $aside_ids, $aside_from, $aside_to, $aside_attempts) = split /\|/, sql(q{
+SELECT count(*), min(id) || '-' || max(id),
+       round(extract(epoch FROM min(next_attempt_at) - now())::numeric, 1),
+       round(extract(epoch FROM max(next_attempt_at) - now())::numeric, 1),
+       sum(attempts)
+FROM webhook_events WHERE endpoint = 'unknown' AND next_attempt_at > now()});
+is("$aside $aside_ids", '80 1-80', 'the claim that found nothing set the 20 x batch best aside');
+is($aside_attempts, '0', 'attempts unchanged');
+is(sql(q{
+SELECT bool_and(next_attempt_at > prev_at)
+FROM (SELECT next_attempt_at,
+             lag(next_attempt_at, 1, '-infinity') OVER (ORDER BY id) AS prev_at
+      FROM webhook_events WHERE endpoint = 'unknown' AND id <= 80) a}),
+	't', 'in their order, a microsecond apart');
+ok($aside_from >= 0.5 && $aside_to <= 1.1,
+	"due again in unclaimable_wait seconds (from ${aside_from} s to ${aside_to} s; 1 s asked)");
+is(sql(q{SELECT string_agg(DISTINCT endpoint, ',') || ' ' || count(*) FROM claim_events(4, 2)}),
+	'known 2', 'the next claim reaches the events behind them');
+is(sql(q{SELECT count(*) FROM webhook_events
+		 WHERE endpoint = 'unknown' AND next_attempt_at <= now() AND id > 80}),
+	'20', 'and, finding something, set nothing aside');
+sql(q{SELECT ratebucket.bucket_configure('unknown', 1000, 1000);
+	  UPDATE webhook_events SET next_attempt_at = now() - interval '1 hour' + id * interval '1 us'
+	  WHERE endpoint = 'unknown'});
+is(sql(q{SELECT count(*) FILTER (WHERE endpoint = 'unknown') FROM claim_events(4, 2)}),
+	'2', 'configured and due, they are claimed');
+is(sql(q{SELECT string_agg(id::text, ',' ORDER BY id) FROM webhook_events
+		 WHERE status = 'sending' AND endpoint = 'unknown'}),
+	'1,2', 'the best first');
+
+# Events whose limit is not configured fill the walk by its endpoints (8
+# here): set aside too, and only those.
+clean();
+sql(qq{
+SELECT ratebucket.bucket_configure('known', $still, 5);
+SELECT ratebucket.bucket_configure('l' || i, 1000, 1000) FROM generate_series(1, 8) i;
+INSERT INTO webhook_events (endpoint, priority, limits)
+SELECT 'l' || i, 9, '{nowhere}' FROM generate_series(1, 8) i;
+INSERT INTO webhook_events (endpoint) SELECT 'known' FROM generate_series(1, 3);
+});
+is(sql(q{SELECT count(*) FROM claim_events(4, 2)}), '0',
+	'8 endpoints whose events answer to an unconfigured limit fill the walk');
+is(sql(q{SELECT count(*) FILTER (WHERE next_attempt_at > now()) || '/' || count(*)
+		 FROM webhook_events WHERE endpoint LIKE 'l%'}),
+	'8/8', 'they are set aside');
+is(sql(q{SELECT count(*) FROM webhook_events WHERE endpoint = 'known' AND next_attempt_at <= now()}),
+	'3', 'the events that can go are not');
+is(sql(q{SELECT string_agg(DISTINCT endpoint, ',') || ' ' || count(*) FROM claim_events(4, 2)}),
+	'known 2', 'the next claim gets them');
+
+# Bad arguments: 22023, nothing claimed or moved.
+for my $bad ('0, 1', '4, 0', "4, 2, lease => '0 s'", '4, 2, park_max => -1',
+	"4, 2, park_after => 'NaN'", '4, 2, cap_wait => -1',
+	"4, 2, unclaimable_wait => 'Infinity'", '4, 2, unclaimable_wait => NULL')
+{
+	my ($ret, $out, $err) = $node->psql('postgres',
+		"\\set VERBOSITY verbose\nSELECT count(*) FROM claim_events($bad)");
+	like($err, qr/22023/, "claim_events($bad): 22023");
+}
+is(sql(q{SELECT count(*) FROM webhook_events WHERE endpoint = 'known' AND status = 'pending'
+		   AND next_attempt_at <= now()}),
+	'1', 'and the bad calls claimed nothing');
 
 # ------------------------------------------------------- order and fairness --
 
