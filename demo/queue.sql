@@ -5,13 +5,15 @@
 -- all load this file.  It creates, in the current schema:
 --
 --   webhook_events          the queue: one row per event to deliver
+--   webhook_parking         where each throttled endpoint's parked events end
 --   claim_events(...)       claim a batch: only events whose endpoint (and
 --                           every other limit of theirs) has a token, tokens
 --                           and slots spent only on events locked here
 --   record_delivery(...)    the outcome of one request: the event's status,
 --                           its next attempt, bucket_observe, its slot freed
 --   next_due()              seconds until a claim could find something
---   requeue_expired()       give back the events of workers that died
+--   requeue_expired()       give back the events of workers that died (and
+--                           forget old parking cursors)
 --   events_left(...)        events pending or in flight
 --
 -- Needs the ratebucket extension, and each endpoint configured with
@@ -60,6 +62,19 @@ CREATE INDEX webhook_events_endpoint
 -- Leases to reclaim.
 CREATE INDEX webhook_events_leases
     ON webhook_events (lease_until) WHERE status = 'sending';
+
+-- Where the parked events of each endpoint end (claim_events, step 6): a
+-- claim parks a few of a throttled endpoint's events at a time, and each
+-- chunk goes after the previous one instead of starting again at the next
+-- token.  One row per endpoint ever parked; requeue_expired deletes the rows
+-- of endpoints whose parked events all came due more than an hour ago.
+CREATE TABLE webhook_parking (
+    endpoint     text PRIMARY KEY,
+    parked_from  timestamptz NOT NULL,  -- the due time of the last chunk's first
+    parked_until timestamptz NOT NULL,  -- and of its last: where the next one goes
+    rate         float8,                -- the pace they were parked at (NULL: none)
+    parked       bigint NOT NULL        -- how many the last chunk held
+);
 
 -- Sleeping workers wake up when events arrive (LISTEN webhook_events).
 CREATE FUNCTION webhook_events_notify() RETURNS trigger
@@ -110,17 +125,32 @@ CREATE TRIGGER webhook_events_notify
 --    its buckets are shared (an account, a quota, a cap) and hold less than
 --    the heads asked, the endpoints of the best due events get them first.
 -- 6. parked: endpoints the walk met without a token, or whose limits have
---    none (for at least park_after seconds: by default any): up to park_max
---    of their due events with the limits and cap of the first one (as in
---    4) move to the times their tokens will come, the first when the next
---    token does (bucket_wait of the endpoint and of each limit, the
---    longest: a cooldown, an open breaker, a pause, or the refill), the
---    next ones one token apart at the lowest effective rate among them (a
---    calendar quota, which has no rate, gets all of them back at its reset).
---    So the next claims do not walk over them again, lower-priority events
---    of endpoints that have tokens go meanwhile, and each parked event comes
---    back due about when it can be sent (at most a year ahead).  Attempts do
---    not change.  (Locked with SKIP LOCKED, never waited for, never claimed.)
+--    none (for at least park_after seconds: by default any): their next due
+--    events with the limits and cap of the first one (as in 4) move to the
+--    times their tokens will come, one token apart at the lowest effective
+--    rate among them (a calendar quota, which has no rate, gets all of them
+--    back at its reset).  The first goes when the next token does
+--    (bucket_wait of the endpoint and of each limit, the longest: a
+--    cooldown, an open breaker, a pause, or the refill), or, if the
+--    endpoint has events parked already, one token after the last of them
+--    (webhook_parking keeps where they end; ignored when they end more than
+--    park_max tokens later, after a reset or a faster rate).  So the next
+--    claims do not walk over them again, lower-priority events of endpoints
+--    that have tokens go meanwhile, and each parked event comes back due
+--    about when it can be sent, in its order (at most a year ahead).
+--    Attempts do not change.  (Locked with SKIP LOCKED, never waited for,
+--    never claimed.)
+--    How many, per endpoint: per_endpoint times the walk's endpoints over
+--    those of them with tokens (2 x per_endpoint when half have some: the
+--    parking keeps up with the claims, which take per_endpoint events of an
+--    endpoint each), or as many rows as the walk passed over (events of
+--    endpoints it had met already), if more; park_max when the walk met
+--    fewer endpoints than it looks for (it read all it could); never more
+--    than park_max.  So a claim parks about what it walked, not a whole
+--    backlog at once.  One claim at a time parks an endpoint (a
+--    transaction-level advisory lock, tried, never waited for): another
+--    passes over it, so that two claims never start from the same last
+--    parked event.
 --    An endpoint held back by a full in-flight cap is parked for at least
 --    cap_wait seconds (0.5 by default): no one knows when a slot frees, and
 --    left due, its events would fill the walk and hide every endpoint
@@ -193,15 +223,16 @@ BEGIN
 
     RETURN QUERY
     WITH walk AS MATERIALIZED (
-        SELECT h.endpoint, h.limits, h.inflight_key, h.n, row_number() OVER () AS pos
-        FROM (SELECT f.endpoint, f.limits, f.inflight_key, f.n
-              FROM (SELECT e.endpoint, e.limits, e.inflight_key,
-                           ratebucket.bucket_claimable(e.endpoint, per_endpoint,
-                                                       configured_only => true) AS n
-                    FROM webhook_events e
-                    WHERE e.status = 'pending' AND e.next_attempt_at <= now()
-                    ORDER BY e.priority DESC, e.next_attempt_at
-                    LIMIT 20 * batch) f
+        SELECT h.endpoint, h.limits, h.inflight_key, h.n, h.row, row_number() OVER () AS pos
+        FROM (SELECT f.endpoint, f.limits, f.inflight_key, f.n, f.row
+              FROM (SELECT q.*, row_number() OVER () AS row    -- its place in the walk
+                    FROM (SELECT e.endpoint, e.limits, e.inflight_key,
+                                 ratebucket.bucket_claimable(e.endpoint, per_endpoint,
+                                                             configured_only => true) AS n
+                          FROM webhook_events e
+                          WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+                          ORDER BY e.priority DESC, e.next_attempt_at
+                          LIMIT 20 * batch) q) f
               WHERE f.n IS NOT NULL
               LIMIT greatest(8, 2 * ceil(batch::float8 / per_endpoint)::int)) h
     ), sized AS MATERIALIZED (
@@ -264,11 +295,9 @@ BEGIN
                row_number() OVER (ORDER BY l.pos) AS req
         FROM locked l
         GROUP BY l.endpoint, l.limits, l.inflight_key, l.pos
-    ), parked AS (
-        UPDATE webhook_events e
-        SET next_attempt_at = now() + make_interval(secs => least(
-                p.wait + CASE WHEN p.rate > 0 THEN (x.k - 1) / greatest(p.rate, 1e-9) ELSE 0 END,
-                366 * 86400.0))
+    ), to_park AS MATERIALIZED (
+        -- one claim at a time parks an endpoint: another one passes over it
+        SELECT p.endpoint, p.limits, p.inflight_key, p.wait, p.rate
         FROM (SELECT z.endpoint, z.limits, z.inflight_key,
                      greatest(max(ratebucket.bucket_wait(k.key)),
                               CASE WHEN bool_or(z.cap_full) THEN cap_wait ELSE 0 END) AS wait,
@@ -278,6 +307,11 @@ BEGIN
               CROSS JOIN LATERAL unnest(ARRAY[z.endpoint] || z.limits) AS k(key)
               WHERE z.n = 0 AND z.configured
               GROUP BY z.endpoint, z.limits, z.inflight_key) p
+        WHERE p.wait > 0 AND p.wait >= park_after
+          AND pg_try_advisory_xact_lock(hashtext('claim_events: parking'), hashtext(p.endpoint))
+    ), park_rows AS MATERIALIZED (
+        SELECT p.endpoint, x.id, x.k, count(*) OVER (PARTITION BY p.endpoint) AS c
+        FROM to_park p
         CROSS JOIN LATERAL (
             SELECT y.id, row_number() OVER () AS k
             FROM (SELECT e2.id
@@ -288,9 +322,56 @@ BEGIN
                              THEN true ELSE false END
                     AND e2.status = 'pending' AND e2.next_attempt_at <= now()
                   ORDER BY e2.priority DESC, e2.next_attempt_at
-                  LIMIT park_max
+                  -- the chunk: see 6 above
+                  LIMIT least(park_max, (
+                      SELECT CASE WHEN count(*) < greatest(8, 2 * ceil(batch::float8 / per_endpoint)::int)
+                                  THEN park_max
+                                  ELSE greatest(per_endpoint * count(*)
+                                                    / greatest(count(*) FILTER (WHERE w.n > 0), 1),
+                                                max(w.row) - count(*)) END
+                      FROM walk w))
                   FOR UPDATE SKIP LOCKED) y) x
-        WHERE p.wait > 0 AND p.wait >= park_after AND e.id = x.id
+    ), cursors AS (                 -- where each endpoint's parked events go
+        INSERT INTO webhook_parking AS c (endpoint, parked_from, parked_until, rate, parked)
+        SELECT p.endpoint, now() + make_interval(secs => least(p.wait, 366 * 86400.0)),
+               now() + make_interval(secs => least(
+                   p.wait + CASE WHEN p.rate > 0 THEN (r.c - 1) / p.rate ELSE 0 END,
+                   366 * 86400.0)),
+               p.rate, r.c
+        FROM to_park p
+        JOIN (SELECT pr.endpoint, max(pr.c) AS c FROM park_rows pr GROUP BY pr.endpoint) r
+          ON r.endpoint = p.endpoint
+        ON CONFLICT (endpoint) DO UPDATE
+        -- After the events parked before, one token after the last, if they
+        -- end within park_max tokens of these ones (else the rate rose, or
+        -- the bucket was reset, since: from the next token again).
+        SET parked_from = CASE
+                WHEN excluded.rate > 0 AND c.parked_until <= excluded.parked_until
+                                              + make_interval(secs => park_max / excluded.rate) THEN
+                    least(greatest(excluded.parked_from,
+                                   c.parked_until + make_interval(secs => 1 / excluded.rate)),
+                          now() + interval '366 days')
+                ELSE excluded.parked_from END,
+            parked_until = CASE
+                WHEN excluded.rate > 0 AND c.parked_until <= excluded.parked_until
+                                              + make_interval(secs => park_max / excluded.rate) THEN
+                    least(greatest(excluded.parked_until,
+                                   c.parked_until
+                                       + make_interval(secs => excluded.parked / excluded.rate)),
+                          now() + interval '366 days')
+                ELSE excluded.parked_until END,
+            rate = excluded.rate, parked = excluded.parked
+        RETURNING c.endpoint, c.parked_from
+    ), parked AS (
+        UPDATE webhook_events e
+        SET next_attempt_at = least(
+                cu.parked_from + make_interval(secs =>
+                    CASE WHEN p.rate > 0 THEN (pr.k - 1) / p.rate ELSE 0 END),
+                now() + interval '366 days')
+        FROM park_rows pr
+        JOIN to_park p ON p.endpoint = pr.endpoint
+        JOIN cursors cu ON cu.endpoint = pr.endpoint
+        WHERE e.id = pr.id
         RETURNING 1
     ), taken AS MATERIALIZED (        -- the one call, whatever the join below
         SELECT t.request, t.granted, t.wait_seconds, t.slots
@@ -499,7 +580,12 @@ WITH expired AS MATERIALIZED (   -- in id order, as a batch's record locks them
     SET status = 'pending', lease_until = NULL, next_attempt_at = now(), slot = NULL
     FROM expired x
     WHERE e.id = x.id
-    RETURNING 1)
+    RETURNING 1
+), forgotten AS (   -- parking cursors no claim needs any more (claim_events, 6)
+    DELETE FROM webhook_parking p
+    WHERE p.endpoint IN (SELECT c.endpoint FROM webhook_parking c
+                         WHERE c.parked_until < now() - interval '1 hour'
+                         FOR UPDATE SKIP LOCKED))
 SELECT count(*) FROM r WHERE (SELECT count(*) FROM freed) >= 0
 $$;
 
