@@ -32,6 +32,14 @@
 #   Parking                  events of endpoints without a token move to when
 #                            their tokens come, one token apart, attempts
 #                            unchanged; below park_after, they are untouched.
+#   In chunks                a claim parks a chunk of a throttled endpoint's
+#                            events, not its whole backlog; each chunk goes
+#                            one token after the last (webhook_parking), so
+#                            the whole backlog ends up one token apart, in
+#                            its order; a claim passes over an endpoint
+#                            another open claim is parking, without waiting;
+#                            requeue_expired forgets old parking rows.
+#   README                   its copy of the claim statement is this one.
 #   Set aside                events the claim leaves alone (no configuration)
 #                            stay untouched while claims find something; when
 #                            enough of them fill the walk and a claim finds
@@ -78,7 +86,7 @@ sub sql { return $node->safe_psql('postgres', $_[0]); }
 # Start each part from an empty queue and no buckets.
 sub clean
 {
-	sql(q{TRUNCATE webhook_events;
+	sql(q{TRUNCATE webhook_events, webhook_parking;
 		  SELECT count(ratebucket.bucket_drop(endpoint)) FROM ratebucket.buckets});
 }
 
@@ -171,6 +179,128 @@ SELECT count(*) || ' ' || bool_and(abs(extract(epoch FROM next_attempt_at - (
 		   SELECT quota_resets_at FROM ratebucket.bucket_status WHERE endpoint = 'daily'))) < 1)
 FROM webhook_events WHERE endpoint = 'daily' AND status = 'pending' AND attempts = 0}),
 	'7 true', 'its other 7 events are parked until the quota resets, all of them');
+
+# ---------------------------------------------------------- in chunks --
+
+# 4 throttled endpoints: one token per 100 s, none now.
+my $throttled = q{
+SELECT ratebucket.bucket_configure('s' || i, 0.01, 1) FROM generate_series(1, 4) i;
+SELECT ratebucket.bucket_take('s' || i, 1.0::float8) FROM generate_series(1, 4) i;
+};
+my $parked_sql = q{
+SELECT string_agg(endpoint || '=' || n, ' ' ORDER BY endpoint)
+FROM (SELECT endpoint, count(*) FILTER (WHERE next_attempt_at > now()) AS n
+	  FROM webhook_events WHERE endpoint LIKE 's%' GROUP BY endpoint) x};
+sub each_s { my $v = shift; return join(' ', map { "s$_=$v" } 1 .. 4); }
+
+# One claim at a time parks an endpoint.  A claim left open has parked 3
+# events of each (park_max => 3); a claim in another session meanwhile
+# passes over those endpoints at once (statement_timeout: it must not wait)
+# and parks none of their 27 other due events.
+clean();
+sql($throttled . q{
+INSERT INTO webhook_events (endpoint, next_attempt_at)
+SELECT 's' || e, now() - interval '1 hour' + (r * 4 + e) * interval '1 ms'
+FROM generate_series(1, 30) r, generate_series(1, 4) e;
+});
+my $c1 = $node->background_psql('postgres');
+$c1->query_safe('BEGIN');
+$c1->query_safe('SELECT count(*) FROM claim_events(10, 2, park_max => 3)');
+is(sql(q{SET statement_timeout = '10s';
+		 SELECT count(*) FROM claim_events(10, 2, park_max => 3)}), '0',
+	'a claim does not wait for the endpoints another open claim is parking');
+is(sql($parked_sql), each_s(0), 'and parks none of their events');
+$c1->query_safe('COMMIT');
+$c1->quit;
+is(sql($parked_sql), each_s(3), 'the first claim parked 3 of each');
+sql(q{SELECT count(*) FROM claim_events(10, 2, park_max => 3)});
+is(sql(q{
+SELECT string_agg(endpoint || '=' || n || '/' || gaps, ' ' ORDER BY endpoint)
+FROM (SELECT endpoint, count(*) AS n, string_agg(DISTINCT gap::text, ',') AS gaps
+	  FROM (SELECT endpoint, next_attempt_at > now() AS later,
+				   round(extract(epoch FROM next_attempt_at
+						 - lag(next_attempt_at) OVER w)::numeric, 3) AS gap
+			FROM webhook_events WHERE endpoint LIKE 's%'
+			WINDOW w AS (PARTITION BY endpoint ORDER BY id)) x
+	  WHERE later AND gap IS NOT NULL AND gap > 0 GROUP BY endpoint) y}),
+	each_s('5/100.000'),
+	'the next claim parks 3 more of each, one token after the first 3: 6 events 100 s apart');
+
+# 36 endpoints with plenty of tokens besides, 30 events each, interleaved in
+# queue order with the 4 throttled ones: every 40 events in queue order hold
+# each endpoint once.  A claim of 10, 2 per endpoint, walks 10 endpoints, 4
+# of them throttled.
+clean();
+sql($throttled . q{
+SELECT ratebucket.bucket_configure('r' || i, 1000, 1000) FROM generate_series(1, 36) i;
+INSERT INTO webhook_events (endpoint, next_attempt_at)
+SELECT CASE WHEN e <= 4 THEN 's' || e ELSE 'r' || (e - 4) END,
+       now() - interval '1 hour' + (r * 40 + e) * interval '1 ms'
+FROM generate_series(1, 30) r, generate_series(1, 40) e;
+});
+is(sql(q{SELECT count(*) FROM claim_events(10, 2)}), '10',
+	'a claim over a queue with throttled endpoints claims a full batch');
+my $first_chunk = sql(q{SELECT count(*) FROM webhook_events
+						WHERE endpoint = 's1' AND next_attempt_at > now()});
+ok($first_chunk > 0 && $first_chunk < 30,
+	"and parks a chunk of a throttled endpoint's 30 due events ($first_chunk), not all of them");
+is(sql(q{SELECT string_agg(DISTINCT parked::text, ',') FROM webhook_parking}), $first_chunk,
+	'webhook_parking records the chunk, the same for the 4 endpoints');
+
+# Claims until nothing is left to claim: each throttled endpoint's backlog is
+# parked chunk by chunk, each one token (100 s) after the last, whatever the
+# claim that parked it.
+my $claims = 0;
+$claims++ while $claims < 400 && sql(q{SELECT count(*) FROM claim_events(10, 2)}) > 0;
+is(sql(q{SELECT count(*) FROM webhook_events WHERE endpoint LIKE 'r%' AND status = 'pending'}),
+	'0', "the endpoints with tokens had every event claimed ($claims more claims)");
+my $chunks = sql(q{SELECT count(DISTINCT parked_from) FROM webhook_parking WHERE endpoint = 's1'});
+is(sql(q{
+SELECT string_agg(endpoint || '=' || n || '/' || times || '/' || gaps || '/' || fifo || '/' || attempts,
+				  ' ' ORDER BY endpoint)
+FROM (SELECT endpoint, count(*) AS n, count(DISTINCT next_attempt_at) AS times,
+			 string_agg(DISTINCT gap::text, ',') AS gaps, bool_and(fifo) AS fifo,
+			 sum(attempts) AS attempts
+	  FROM (SELECT endpoint, attempts, next_attempt_at, next_attempt_at > now() AS later,
+				   round(extract(epoch FROM next_attempt_at
+						 - lag(next_attempt_at) OVER w)::numeric, 3) AS gap,
+				   next_attempt_at > lag(next_attempt_at) OVER w IS NOT FALSE AS fifo
+			FROM webhook_events WHERE endpoint LIKE 's%'
+			WINDOW w AS (PARTITION BY endpoint ORDER BY id)) x
+	  WHERE later GROUP BY endpoint) y}),
+	join(' ', map { "s$_=30/30/100.000/true/0" } 1 .. 4),
+	'every event of each throttled endpoint is parked, at its own time, one token (100 s) '
+	. 'apart, in its order, attempts unchanged');
+my $first_in = sql(q{SELECT extract(epoch FROM min(next_attempt_at) - now())
+					 FROM webhook_events WHERE endpoint = 's1'});
+ok($first_in > 80 && $first_in <= 100, "the first one when the next token comes (in ${first_in} s)");
+ok(sql(q{SELECT count(*) FROM webhook_parking WHERE parked < 30}) == 4,
+	'no claim parked a whole backlog at once');
+
+# A faster rate since (s1 reconfigured 100 times faster, its events due
+# again): the old position, thousands of seconds ahead, is ignored, and its
+# events are parked from its next token again, one new token apart.
+sql(q{
+SELECT ratebucket.bucket_configure('s1', 1, 1);
+SELECT ratebucket.bucket_take('s1', 1.0::float8);
+UPDATE webhook_events SET next_attempt_at = now() - interval '1 minute' WHERE endpoint = 's1';
+});
+sql(q{SELECT count(*) FROM claim_events(10, 2)});
+my ($again_in, $again_span) = split / /, sql(q{
+SELECT extract(epoch FROM min(next_attempt_at) - now()) || ' '
+	   || round(extract(epoch FROM max(next_attempt_at) - min(next_attempt_at))::numeric, 3)
+FROM webhook_events WHERE endpoint = 's1'});
+ok($again_in > 0 && $again_in <= 1,
+	"s1 at a rate 100 times faster: parked from its next token again (in $again_in s), "
+	. 'not after its old position');
+is($again_span, '29.000', 'its 30 events one new token (1 s) apart');
+
+# requeue_expired forgets parking rows whose events all came due over an
+# hour ago, and keeps the others.
+sql(q{UPDATE webhook_parking SET parked_until = now() - interval '61 minutes' WHERE endpoint = 's2'});
+sql(q{SELECT requeue_expired()});
+is(sql(q{SELECT string_agg(endpoint, ',' ORDER BY endpoint) FROM webhook_parking}), 's1,s3,s4',
+	'requeue_expired deletes a parking row more than an hour old, and only that one');
 
 # ----------------------------------------------- locked rows cost nothing --
 
@@ -509,4 +639,16 @@ note(sql(q{SELECT 'claimed ' || count(*) || ' events; rolled back ' ||
 $s1->quit;
 $s2->quit;
 $node->stop;
+
+# The README shows claim_events' statement: it must be the one tested here.
+{
+	my $queue = slurp_file('demo/queue.sql');
+	my $readme = slurp_file('README.md');
+	my ($code) = $queue =~ /^(    WITH walk AS MATERIALIZED \(.*?\n    RETURNING e\.id[^\n]*;)$/ms;
+	my ($shown) = $readme =~ /^(WITH walk AS MATERIALIZED \(.*?)^```/ms;
+	ok(defined $code && defined $shown, 'the claim statement is found in demo/queue.sql and README.md');
+	$code =~ s/^    //mg if defined $code;
+	is($shown, (defined $code ? "$code\n" : undef),
+		"README.md's copy of claim_events' statement is demo/queue.sql's");
+}
 done_testing();
