@@ -361,15 +361,14 @@ BEGIN
                           now() + interval '366 days')
                 ELSE excluded.parked_until END,
             rate = excluded.rate, parked = excluded.parked
-        RETURNING c.endpoint, c.parked_from
+        RETURNING c.endpoint, c.parked_from, c.rate
     ), parked AS (
         UPDATE webhook_events e
         SET next_attempt_at = least(
                 cu.parked_from + make_interval(secs =>
-                    CASE WHEN p.rate > 0 THEN (pr.k - 1) / p.rate ELSE 0 END),
+                    CASE WHEN cu.rate > 0 THEN (pr.k - 1) / cu.rate ELSE 0 END),
                 now() + interval '366 days')
         FROM park_rows pr
-        JOIN to_park p ON p.endpoint = pr.endpoint
         JOIN cursors cu ON cu.endpoint = pr.endpoint
         WHERE e.id = pr.id
         RETURNING 1

@@ -92,7 +92,7 @@ sub sql { return $node->safe_psql('postgres', $_[0]); }
 # Start each part from an empty queue, no buckets and no caps.
 sub clean
 {
-	sql(q{TRUNCATE webhook_events;
+	sql(q{TRUNCATE webhook_events, webhook_parking;
 		  SELECT count(ratebucket.bucket_drop(endpoint)) FROM ratebucket.bucket_status;
 		  SELECT count(ratebucket.inflight_drop(key)) FROM ratebucket.inflight_caps});
 }
