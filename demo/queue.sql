@@ -175,8 +175,11 @@ CREATE TRIGGER webhook_events_notify
 --    attempts unchanged.  Left due, enough of them at the head of the queue
 --    fill the walk, and every claim would come back empty while events
 --    behind them could go.  A few of them among events that can go are not
---    touched: claims that find something never run this step.  Once
---    configured, they are claimed when they come due again.
+--    touched: claims that find something never run this step, nor those
+--    whose walk, run again, meets no endpoint with limits or a cap and
+--    either meets as many endpoints as it looks for or reads every due
+--    event (nothing left alone is in its way).  Once configured, they are
+--    claimed when they come due again.
 --
 -- Tokens and slots are spent only on events returned here: locked rows
 -- skipped by another worker were never counted, and a rollback gives the
@@ -201,6 +204,8 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
+DECLARE
+    walk_endpoints int;     -- how many endpoints the walk looks for
 BEGIN
     IF batch IS NULL OR batch < 1 OR per_endpoint IS NULL OR per_endpoint < 1 THEN
         RAISE EXCEPTION 'batch and per_endpoint must be at least 1'
@@ -220,6 +225,7 @@ BEGIN
         RAISE EXCEPTION 'park_after must be zero or more, cap_wait and unclaimable_wait between 0 and a year of seconds'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    walk_endpoints := greatest(8, 2 * ceil(batch::float8 / per_endpoint)::int);
 
     RETURN QUERY
     WITH walk AS MATERIALIZED (
@@ -234,7 +240,7 @@ BEGIN
                           ORDER BY e.priority DESC, e.next_attempt_at
                           LIMIT 20 * batch) q) f
               WHERE f.n IS NOT NULL
-              LIMIT greatest(8, 2 * ceil(batch::float8 / per_endpoint)::int)) h
+              LIMIT walk_endpoints) h
     ), sized AS MATERIALIZED (
         SELECT v.endpoint, v.limits, v.inflight_key, v.pos,
                -- least ignores NULL: no limits, no cap
@@ -324,7 +330,7 @@ BEGIN
                   ORDER BY e2.priority DESC, e2.next_attempt_at
                   -- the chunk: see 6 above
                   LIMIT least(park_max, (
-                      SELECT CASE WHEN count(*) < greatest(8, 2 * ceil(batch::float8 / per_endpoint)::int)
+                      SELECT CASE WHEN count(*) < walk_endpoints
                                   THEN park_max
                                   ELSE greatest(per_endpoint * count(*)
                                                     / greatest(count(*) FILTER (WHERE w.n > 0), 1),
@@ -400,7 +406,30 @@ BEGIN
     WHERE e.id = ANY (g.ids[1:g.granted])
     RETURNING e.id, e.endpoint, e.attempts, e.payload, e.lease_until;
 
-    IF NOT FOUND THEN               -- 10. set aside what blocks the walk
+    -- 10. set aside what blocks the walk: only if the walk, run again, meets
+    -- some endpoints with limits or a cap (their events may be the ones left
+    -- alone), or meets fewer endpoints than it looks for in a queue of at
+    -- least 20 x batch due events (it stopped at its rows).  Otherwise
+    -- nothing left alone is in its way, and this step would read 20 x batch
+    -- rows and peek every endpoint among them for nothing.
+    IF NOT FOUND AND (
+        SELECT bool_or(cardinality(w.limits) > 0 OR w.inflight_key IS NOT NULL)
+               OR (count(*) < walk_endpoints
+                   AND (SELECT count(*) FROM (SELECT 1 FROM webhook_events e
+                                              WHERE e.status = 'pending'
+                                                AND e.next_attempt_at <= now()
+                                              ORDER BY e.priority DESC, e.next_attempt_at
+                                              LIMIT 20 * batch) d) = 20 * batch)
+        FROM (SELECT f.limits, f.inflight_key
+              FROM (SELECT e.limits, e.inflight_key,
+                           ratebucket.bucket_claimable(e.endpoint, 1,
+                                                       configured_only => true) AS n
+                    FROM webhook_events e
+                    WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+                    ORDER BY e.priority DESC, e.next_attempt_at
+                    LIMIT 20 * batch) f
+              WHERE f.n IS NOT NULL
+              LIMIT walk_endpoints) w) THEN
         WITH head AS MATERIALIZED (
             SELECT e.id, e.endpoint, e.limits, e.inflight_key
             FROM webhook_events e

@@ -45,7 +45,9 @@
 #                            enough of them fill the walk and a claim finds
 #                            nothing, they move unclaimable_wait ahead, in
 #                            their order, and the next claim gets the events
-#                            behind them.  Bad arguments: 22023.
+#                            behind them; a claim that finds nothing with
+#                            a full walk of endpoints without tokens sets
+#                            nothing aside.  Bad arguments: 22023.
 #   Outcomes                 record_delivery: 2xx delivered, 429 back at the
 #                            cooldown with the attempt counted, a request
 #                            that never left not counted, 4xx failed.
@@ -458,6 +460,23 @@ for my $bad ('0, 1', '4, 0', "4, 2, lease => '0 s'", '4, 2, park_max => -1',
 is(sql(q{SELECT count(*) FROM webhook_events WHERE endpoint = 'known' AND status = 'pending'
 		   AND next_attempt_at <= now()}),
 	'1', 'and the bad calls claimed nothing');
+
+# A claim that finds nothing because the endpoints it walks have no tokens
+# (8 of them, as many as it looks for, parked by it) leaves the events it
+# leaves alone where they are: nothing of theirs is in the walk's way.
+clean();
+sql(qq{
+SELECT ratebucket.bucket_configure('t' || i, $still, 1) FROM generate_series(1, 8) i;
+SELECT ratebucket.bucket_take('t' || i, 1.0::float8) FROM generate_series(1, 8) i;
+INSERT INTO webhook_events (endpoint, priority) SELECT 't' || i, 9 FROM generate_series(1, 8) i;
+INSERT INTO webhook_events (endpoint, priority) SELECT 'unknown', 1 FROM generate_series(1, 3);
+});
+is(sql(q{SELECT count(*) FROM claim_events(4, 2)}), '0',
+	'8 endpoints without tokens fill the walk: the claim finds nothing');
+is(sql(q{SELECT count(*) FILTER (WHERE endpoint LIKE 't%' AND next_attempt_at > now()) || ' '
+				|| count(*) FILTER (WHERE endpoint = 'unknown' AND next_attempt_at <= now())
+		 FROM webhook_events}),
+	'8 3', 'it parks them, and sets nothing aside: the unconfigured events stay due');
 
 # ------------------------------------------------------- order and fairness --
 
