@@ -229,9 +229,9 @@ BEGIN
 
     RETURN QUERY
     WITH walk AS MATERIALIZED (
-        SELECT h.endpoint, h.limits, h.inflight_key, h.n, h.row, row_number() OVER () AS pos
-        FROM (SELECT f.endpoint, f.limits, f.inflight_key, f.n, f.row
-              FROM (SELECT q.*, row_number() OVER () AS row    -- its place in the walk
+        SELECT h.endpoint, h.limits, h.inflight_key, h.n, h.place, row_number() OVER () AS pos
+        FROM (SELECT f.endpoint, f.limits, f.inflight_key, f.n, f.place
+              FROM (SELECT q.*, row_number() OVER () AS place    -- its row in the walk
                     FROM (SELECT e.endpoint, e.limits, e.inflight_key,
                                  ratebucket.bucket_claimable(e.endpoint, per_endpoint,
                                                              configured_only => true) AS n
@@ -313,8 +313,11 @@ BEGIN
               CROSS JOIN LATERAL unnest(ARRAY[z.endpoint] || z.limits) AS k(key)
               WHERE z.n = 0 AND z.configured
               GROUP BY z.endpoint, z.limits, z.inflight_key) p
-        WHERE p.wait > 0 AND p.wait >= park_after
-          AND pg_try_advisory_xact_lock(hashtext('claim_events: parking'), hashtext(p.endpoint))
+        -- (one condition: the lock is tried only for endpoints to park)
+        WHERE CASE WHEN p.wait > 0 AND p.wait >= park_after
+                   THEN pg_try_advisory_xact_lock(hashtext('claim_events: parking'),
+                                                  hashtext(p.endpoint))
+                   ELSE false END
     ), park_rows AS MATERIALIZED (
         SELECT p.endpoint, x.id, x.k, count(*) OVER (PARTITION BY p.endpoint) AS c
         FROM to_park p
@@ -334,7 +337,7 @@ BEGIN
                                   THEN park_max
                                   ELSE greatest(per_endpoint * count(*)
                                                     / greatest(count(*) FILTER (WHERE w.n > 0), 1),
-                                                max(w.row) - count(*)) END
+                                                max(w.place) - count(*)) END
                       FROM walk w))
                   FOR UPDATE SKIP LOCKED) y) x
     ), cursors AS (                 -- where each endpoint's parked events go
