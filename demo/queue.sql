@@ -356,17 +356,20 @@ BEGIN
         -- the bucket was reset, since: from the next token again).
         SET parked_from = CASE
                 WHEN excluded.rate > 0 AND c.parked_until <= excluded.parked_until
-                                              + make_interval(secs => park_max / excluded.rate) THEN
+                         + make_interval(secs => least(park_max / excluded.rate, 366 * 86400.0)) THEN
                     least(greatest(excluded.parked_from,
-                                   c.parked_until + make_interval(secs => 1 / excluded.rate)),
+                                   c.parked_until
+                                       + make_interval(secs => least(1 / excluded.rate,
+                                                                     366 * 86400.0))),
                           now() + interval '366 days')
                 ELSE excluded.parked_from END,
             parked_until = CASE
                 WHEN excluded.rate > 0 AND c.parked_until <= excluded.parked_until
-                                              + make_interval(secs => park_max / excluded.rate) THEN
+                         + make_interval(secs => least(park_max / excluded.rate, 366 * 86400.0)) THEN
                     least(greatest(excluded.parked_until,
                                    c.parked_until
-                                       + make_interval(secs => excluded.parked / excluded.rate)),
+                                       + make_interval(secs => least(excluded.parked / excluded.rate,
+                                                                     366 * 86400.0))),
                           now() + interval '366 days')
                 ELSE excluded.parked_until END,
             rate = excluded.rate, parked = excluded.parked
@@ -375,7 +378,8 @@ BEGIN
         UPDATE webhook_events e
         SET next_attempt_at = least(
                 cu.parked_from + make_interval(secs =>
-                    CASE WHEN cu.rate > 0 THEN (pr.k - 1) / cu.rate ELSE 0 END),
+                    CASE WHEN cu.rate > 0 THEN least((pr.k - 1) / cu.rate, 366 * 86400.0)
+                         ELSE 0 END),
                 now() + interval '366 days')
         FROM park_rows pr
         JOIN cursors cu ON cu.endpoint = pr.endpoint

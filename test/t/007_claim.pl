@@ -304,6 +304,25 @@ sql(q{SELECT requeue_expired()});
 is(sql(q{SELECT string_agg(endpoint, ',' ORDER BY endpoint) FROM webhook_parking}), 's1,s3,s4',
 	'requeue_expired deletes a parking row more than an hour old, and only that one');
 
+# The slowest rate a bucket takes (1e-9/s) and the largest park_max: parked
+# at most a year ahead, twice (the second time after the first chunk's
+# position), without an error from the time arithmetic.
+clean();
+sql(q{
+SELECT ratebucket.bucket_configure('glacial', 1e-9, 1);
+SELECT ratebucket.bucket_take('glacial', 1.0::float8);
+INSERT INTO webhook_events (endpoint) SELECT 'glacial' FROM generate_series(1, 5);
+});
+my $glacial = q{SELECT count(*) FILTER (WHERE next_attempt_at > now() + interval '300 days'
+										AND next_attempt_at <= now() + interval '367 days')
+				FROM webhook_events WHERE endpoint = 'glacial'};
+is(sql(q{SELECT count(*) FROM claim_events(10, 2, park_max => 2147483647)}), '0',
+	'a rate of 1e-9/s and park_max 2^31-1: nothing claimed');
+is(sql($glacial), '5', 'and its events parked a year ahead at most');
+sql(q{UPDATE webhook_events SET next_attempt_at = now() - interval '1 minute'});
+sql(q{SELECT count(*) FROM claim_events(10, 2, park_max => 2147483647)});
+is(sql($glacial), '5', 'and again after its parking position, still at most a year ahead');
+
 # ----------------------------------------------- locked rows cost nothing --
 
 clean();
