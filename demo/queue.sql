@@ -88,6 +88,39 @@ CREATE TRIGGER webhook_events_notify
     AFTER INSERT ON webhook_events
     FOR EACH STATEMENT EXECUTE FUNCTION webhook_events_notify();
 
+-- What claim_events needs of ratebucket's views, in functions of their own:
+-- a view's plan written into the claim's statement would be set up at
+-- every claim, used or not (a tenth of a claim's time in one session).
+-- claim_bucket_info: for each key of a configured bucket, its effective
+-- rate now (NULL for a calendar quota) and whether it is striped.
+CREATE FUNCTION claim_bucket_info(keys text[])
+RETURNS TABLE (key text, effective_rate float8, striped boolean)
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF cardinality(keys) > 0 THEN
+        RETURN QUERY
+        SELECT b.endpoint, b.effective_rate, b.stripes > 1
+        FROM ratebucket.bucket_status b
+        WHERE b.endpoint = ANY (keys);
+    END IF;
+END
+$$;
+
+-- claim_cap_free: the free slots of an in-flight cap now (NULL if it has
+-- no configuration).
+-- (PL/pgSQL, whose plans last the session: a SQL function would be planned
+-- again at every claim.)
+CREATE FUNCTION claim_cap_free(cap_key text) RETURNS int
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RETURN (SELECT greatest(s.cap - s.in_flight, 0)::int
+            FROM ratebucket.inflight_status s
+            WHERE s.key = cap_key);
+END
+$$;
+
 -- claim_events: claim up to "batch" events, at most per_endpoint of any one
 -- endpoint, in one short transaction (call it on its own, in autocommit).
 --
@@ -255,13 +288,10 @@ BEGIN
         FROM (SELECT w.endpoint, w.limits, w.inflight_key, w.pos, w.n,
                      l.n AS limits_n, l.unconfigured AS limits_unconfigured,
                      CASE WHEN w.inflight_key IS NOT NULL THEN
-                         (SELECT greatest(s.cap - s.in_flight, 0)::int
-                          FROM ratebucket.inflight_status s
-                          WHERE s.key = w.inflight_key) END AS free,
+                         claim_cap_free(w.inflight_key) END AS free,
                      CASE WHEN cardinality(w.limits) > 0 OR w.inflight_key IS NOT NULL THEN
-                         (SELECT coalesce(bool_or(b.stripes > 1), false)
-                          FROM ratebucket.bucket_status b
-                          WHERE b.endpoint = ANY (ARRAY[w.endpoint] || w.limits))
+                         (SELECT coalesce(bool_or(i.striped), false)
+                          FROM claim_bucket_info(ARRAY[w.endpoint] || w.limits) i)
                          ELSE false END AS striped_with_limits
               FROM walk w
               CROSS JOIN LATERAL (
@@ -307,10 +337,15 @@ BEGIN
         FROM (SELECT z.endpoint, z.limits, z.inflight_key,
                      greatest(max(ratebucket.bucket_wait(k.key)),
                               CASE WHEN bool_or(z.cap_full) THEN cap_wait ELSE 0 END) AS wait,
-                     min((SELECT b.effective_rate FROM ratebucket.bucket_status b
-                          WHERE b.endpoint = k.key AND b.effective_rate > 0)) AS rate
+                     min(i.effective_rate) FILTER (WHERE i.effective_rate > 0) AS rate
               FROM sized z
               CROSS JOIN LATERAL unnest(ARRAY[z.endpoint] || z.limits) AS k(key)
+              -- the rates of every bucket to park, in one call
+              LEFT JOIN claim_bucket_info((
+                  SELECT array_agg(DISTINCT k2.key)
+                  FROM sized z2
+                  CROSS JOIN LATERAL unnest(ARRAY[z2.endpoint] || z2.limits) AS k2(key)
+                  WHERE z2.n = 0 AND z2.configured)) i ON i.key = k.key
               WHERE z.n = 0 AND z.configured
               GROUP BY z.endpoint, z.limits, z.inflight_key) p
         -- (one condition: the lock is tried only for endpoints to park)
