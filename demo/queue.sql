@@ -166,11 +166,15 @@ $$;
 --    (bucket_wait of the endpoint and of each limit, the longest: a
 --    cooldown, an open breaker, a pause, or the refill), or, if the
 --    endpoint has events parked already, one token after the last of them
---    (webhook_parking keeps where they end; ignored when they end more than
---    park_max tokens later, after a reset or a faster rate).  So the next
+--    (webhook_parking keeps where they end; ignored when the rate rose by
+--    more than half since they were parked).  So the next
 --    claims do not walk over them again, lower-priority events of endpoints
 --    that have tokens go meanwhile, and each parked event comes back due
---    about when it can be sent, in its order (at most a year ahead).
+--    about when it can be sent, in its order (at most a year ahead).  One
+--    that comes due and finds no token for it (the rate lowered by feedback
+--    since it was parked, a token taken by a newer event, a worker late by
+--    more than the bucket's capacity) is parked again like any due event:
+--    after the endpoint's last parked one.
 --    Attempts do not change.  (Locked with SKIP LOCKED, never waited for,
 --    never claimed.)
 --    How many, per endpoint: per_endpoint times the walk's endpoints over
@@ -209,10 +213,9 @@ $$;
 --    fill the walk, and every claim would come back empty while events
 --    behind them could go.  A few of them among events that can go are not
 --    touched: claims that find something never run this step, nor those
---    whose walk, run again, meets no endpoint with limits or a cap and
---    either meets as many endpoints as it looks for or reads every due
---    event (nothing left alone is in its way).  Once configured, they are
---    claimed when they come due again.
+--    whose walk, run again, meets only configured endpoints whose first
+--    events have no limits and no cap (nothing left alone is in its way).
+--    Once configured, they are claimed when they come due again.
 --
 -- Tokens and slots are spent only on events returned here: locked rows
 -- skipped by another worker were never counted, and a rollback gives the
@@ -386,12 +389,13 @@ BEGIN
         JOIN (SELECT pr.endpoint, max(pr.c) AS c FROM park_rows pr GROUP BY pr.endpoint) r
           ON r.endpoint = p.endpoint
         ON CONFLICT (endpoint) DO UPDATE
-        -- After the events parked before, one token after the last, if they
-        -- end within park_max tokens of these ones (else the rate rose, or
-        -- the bucket was reset, since: from the next token again).
+        -- After the events parked before, one token after the last (or from
+        -- the next token, if later), unless the rate rose by more than half
+        -- since they were parked (a reconfiguration, or a recovery from
+        -- feedback): then from the next token again, not behind events
+        -- spaced at the old pace.
         SET parked_from = CASE
-                WHEN excluded.rate > 0 AND c.parked_until <= excluded.parked_until
-                         + make_interval(secs => least(park_max / excluded.rate, 366 * 86400.0)) THEN
+                WHEN excluded.rate > 0 AND excluded.rate <= 1.5 * c.rate THEN
                     least(greatest(excluded.parked_from,
                                    c.parked_until
                                        + make_interval(secs => least(1 / excluded.rate,
@@ -399,8 +403,7 @@ BEGIN
                           now() + interval '366 days')
                 ELSE excluded.parked_from END,
             parked_until = CASE
-                WHEN excluded.rate > 0 AND c.parked_until <= excluded.parked_until
-                         + make_interval(secs => least(park_max / excluded.rate, 366 * 86400.0)) THEN
+                WHEN excluded.rate > 0 AND excluded.rate <= 1.5 * c.rate THEN
                     least(greatest(excluded.parked_until,
                                    c.parked_until
                                        + make_interval(secs => least(excluded.parked / excluded.rate,
@@ -449,28 +452,24 @@ BEGIN
     RETURNING e.id, e.endpoint, e.attempts, e.payload, e.lease_until;
 
     -- 10. set aside what blocks the walk: only if the walk, run again, meets
-    -- some endpoints with limits or a cap (their events may be the ones left
-    -- alone), or meets fewer endpoints than it looks for in a queue of at
-    -- least 20 x batch due events (it stopped at its rows).  Otherwise
-    -- nothing left alone is in its way, and this step would read 20 x batch
-    -- rows and peek every endpoint among them for nothing.
+    -- an endpoint without a configuration, or one whose first event has
+    -- limits or a cap (its events may be left alone).  Otherwise nothing
+    -- left alone is in its way, and this step would read 20 x batch rows
+    -- and peek every endpoint among them for nothing.  (Two peeks per
+    -- endpoint: the first answers NULL for an endpoint without a
+    -- configuration, the second, without configured_only, does not.)
     IF NOT FOUND AND (
-        SELECT bool_or(cardinality(w.limits) > 0 OR w.inflight_key IS NOT NULL)
-               OR (count(*) < walk_endpoints
-                   AND (SELECT count(*) FROM (SELECT 1 FROM webhook_events e
-                                              WHERE e.status = 'pending'
-                                                AND e.next_attempt_at <= now()
-                                              ORDER BY e.priority DESC, e.next_attempt_at
-                                              LIMIT 20 * batch) d) = 20 * batch)
-        FROM (SELECT f.limits, f.inflight_key
+        SELECT bool_or(w.unconfigured OR cardinality(w.limits) > 0 OR w.inflight_key IS NOT NULL)
+        FROM (SELECT f.limits, f.inflight_key, f.n IS NULL AS unconfigured
               FROM (SELECT e.limits, e.inflight_key,
                            ratebucket.bucket_claimable(e.endpoint, 1,
-                                                       configured_only => true) AS n
+                                                       configured_only => true) AS n,
+                           ratebucket.bucket_claimable(e.endpoint, 1) AS first
                     FROM webhook_events e
                     WHERE e.status = 'pending' AND e.next_attempt_at <= now()
                     ORDER BY e.priority DESC, e.next_attempt_at
                     LIMIT 20 * batch) f
-              WHERE f.n IS NOT NULL
+              WHERE f.first IS NOT NULL
               LIMIT walk_endpoints) w) THEN
         WITH head AS MATERIALIZED (
             SELECT e.id, e.endpoint, e.limits, e.inflight_key

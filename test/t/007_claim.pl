@@ -46,8 +46,8 @@
 #                            nothing, they move unclaimable_wait ahead, in
 #                            their order, and the next claim gets the events
 #                            behind them; a claim that finds nothing with
-#                            a full walk of endpoints without tokens sets
-#                            nothing aside.  Bad arguments: 22023.
+#                            a full walk of endpoints other workers hold
+#                            sets nothing aside.  Bad arguments: 22023.
 #   Outcomes                 record_delivery: 2xx delivered, 429 back at the
 #                            cooldown with the attempt counted, a request
 #                            that never left not counted, 4xx failed.
@@ -323,6 +323,52 @@ sql(q{UPDATE webhook_events SET next_attempt_at = now() - interval '1 minute'});
 sql(q{SELECT count(*) FROM claim_events(10, 2, park_max => 2147483647)});
 is(sql($glacial), '5', 'and again after its parking position, still at most a year ahead');
 
+# A backlog deeper than park_max: parked park_max at a time (the walk meets
+# one endpoint), each chunk after the last, however far ahead the last one
+# ends: 2,500 events one token (10 s) apart, in their order.
+clean();
+sql(q{
+SELECT ratebucket.bucket_configure('deep', 0.1, 1);
+SELECT ratebucket.bucket_take('deep', 1.0::float8);
+INSERT INTO webhook_events (endpoint, next_attempt_at)
+SELECT 'deep', now() - interval '1 hour' + i * interval '1 ms' FROM generate_series(1, 2500) i;
+});
+my $deep_claims = 0;
+$deep_claims++ while $deep_claims < 10
+	&& sql(q{SELECT count(*) FROM webhook_events
+			 WHERE endpoint = 'deep' AND status = 'pending' AND next_attempt_at <= now()}) > 0
+	&& defined sql(q{SELECT count(*) FROM claim_events(80, 10)});
+my $deep_pending = sql(q{SELECT count(*) FROM webhook_events WHERE endpoint = 'deep' AND status = 'pending'});
+is($deep_pending, '2500', "2,500 events still pending after $deep_claims claims, none due");
+is(sql(q{
+SELECT (count(*) = (SELECT count(*) FROM webhook_events WHERE endpoint = 'deep' AND status = 'pending'))
+	   || '/' || (count(DISTINCT next_attempt_at) = count(*)) || '/'
+	   || string_agg(DISTINCT gap::text, ',') || '/' || bool_and(fifo)
+FROM (SELECT next_attempt_at,
+			 round(extract(epoch FROM next_attempt_at - lag(next_attempt_at) OVER w)::numeric, 3) AS gap,
+			 next_attempt_at > lag(next_attempt_at) OVER w IS NOT FALSE AS fifo
+	  FROM webhook_events WHERE endpoint = 'deep' AND next_attempt_at > now()
+	  WINDOW w AS (ORDER BY id)) x}),
+	'true/true/10.000/true',
+	'parked 1,000 at a time, every one of them: each at its own time, 10 s apart, in their order');
+
+# An event of an endpoint without a configuration behind a throttled one: once
+# the throttled endpoint's events are parked, the claim that finds nothing
+# sets it aside, so that next_due() tells a worker to sleep until a token
+# comes instead of claiming again at once.
+clean();
+sql(q{
+SELECT ratebucket.bucket_configure('x', 1, 1);
+SELECT ratebucket.bucket_take('x', 1.0::float8);
+INSERT INTO webhook_events (endpoint, priority) SELECT 'x', 1 FROM generate_series(1, 50);
+INSERT INTO webhook_events (endpoint) VALUES ('nobody');
+});
+is(sql(q{SELECT count(*) FROM claim_events(80, 10)}), '0', 'a throttled endpoint: nothing claimed');
+is(sql(q{SELECT count(*) FROM webhook_events WHERE endpoint = 'nobody' AND next_attempt_at > now()}),
+	'1', 'the unconfigured event behind it is set aside');
+my $next_due = sql(q{SELECT next_due()});
+ok($next_due > 0.3, "and next_due() answers a wait ($next_due s), not 0");
+
 # ----------------------------------------------- locked rows cost nothing --
 
 clean();
@@ -480,22 +526,25 @@ is(sql(q{SELECT count(*) FROM webhook_events WHERE endpoint = 'known' AND status
 		   AND next_attempt_at <= now()}),
 	'1', 'and the bad calls claimed nothing');
 
-# A claim that finds nothing because the endpoints it walks have no tokens
-# (8 of them, as many as it looks for, parked by it) leaves the events it
-# leaves alone where they are: nothing of theirs is in the walk's way.
+# A claim that finds nothing because another worker holds the events of the
+# endpoints it walks (8 of them, as many as it looks for, with tokens) leaves
+# the events it leaves alone where they are: nothing of theirs is in the
+# walk's way, and setting them aside would read 20 x batch rows for nothing.
 clean();
-sql(qq{
-SELECT ratebucket.bucket_configure('t' || i, $still, 1) FROM generate_series(1, 8) i;
-SELECT ratebucket.bucket_take('t' || i, 1.0::float8) FROM generate_series(1, 8) i;
+sql(q{
+SELECT ratebucket.bucket_configure('t' || i, 1000, 1000) FROM generate_series(1, 8) i;
 INSERT INTO webhook_events (endpoint, priority) SELECT 't' || i, 9 FROM generate_series(1, 8) i;
 INSERT INTO webhook_events (endpoint, priority) SELECT 'unknown', 1 FROM generate_series(1, 3);
 });
+my $holder = $node->background_psql('postgres');
+$holder->query_safe('BEGIN');
+$holder->query_safe(q{SELECT count(*) FROM (SELECT id FROM webhook_events WHERE endpoint LIKE 't%' FOR UPDATE) x});
 is(sql(q{SELECT count(*) FROM claim_events(4, 2)}), '0',
-	'8 endpoints without tokens fill the walk: the claim finds nothing');
-is(sql(q{SELECT count(*) FILTER (WHERE endpoint LIKE 't%' AND next_attempt_at > now()) || ' '
-				|| count(*) FILTER (WHERE endpoint = 'unknown' AND next_attempt_at <= now())
-		 FROM webhook_events}),
-	'8 3', 'it parks them, and sets nothing aside: the unconfigured events stay due');
+	'8 endpoints whose events another worker holds fill the walk: the claim finds nothing');
+is(sql(q{SELECT count(*) FROM webhook_events WHERE endpoint = 'unknown' AND next_attempt_at <= now()}),
+	'3', 'and sets nothing aside: the unconfigured events behind them stay due');
+$holder->query_safe('ROLLBACK');
+$holder->quit;
 
 # ------------------------------------------------------- order and fairness --
 
