@@ -90,9 +90,10 @@ CREATE TRIGGER webhook_events_notify
 
 -- What claim_events needs of ratebucket's views, in functions of their own:
 -- a view's plan written into the claim's statement would be set up at
--- every claim, used or not (a tenth of a claim's time in one session).
--- claim_bucket_info: for each key of a configured bucket, its effective
--- rate now (NULL for a calendar quota) and whether it is striped.
+-- every claim, used or not (about a twentieth of a claim's time in one
+-- session).  claim_bucket_info: for each key with a bucket, its effective
+-- rate now (0 for a calendar quota, which has no rate) and whether it is
+-- striped.
 CREATE FUNCTION claim_bucket_info(keys text[])
 RETURNS TABLE (key text, effective_rate float8, striped boolean)
 LANGUAGE plpgsql VOLATILE
