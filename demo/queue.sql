@@ -484,13 +484,11 @@ BEGIN
             WHERE ratebucket.bucket_grantable(g.endpoint, 1) IS NULL
                OR EXISTS (SELECT 1 FROM unnest(g.limits) AS k(key)
                           WHERE ratebucket.bucket_grantable(k.key, 1) IS NULL)
-               OR (g.inflight_key IS NOT NULL
-                   AND NOT EXISTS (SELECT 1 FROM ratebucket.inflight_status s
-                                   WHERE s.key = g.inflight_key))
+               OR (g.inflight_key IS NOT NULL AND claim_cap_free(g.inflight_key) IS NULL)
                OR ((cardinality(g.limits) > 0 OR g.inflight_key IS NOT NULL)
-                   AND EXISTS (SELECT 1 FROM ratebucket.bucket_status b
-                               WHERE b.endpoint = ANY (ARRAY[g.endpoint] || g.limits)
-                                 AND b.stripes > 1))
+                   AND EXISTS (SELECT 1
+                               FROM claim_bucket_info(ARRAY[g.endpoint] || g.limits) i
+                               WHERE i.striped))
         ), aside AS (
             SELECT y.id, row_number() OVER (ORDER BY y.priority DESC, y.next_attempt_at, y.id) AS k
             FROM (SELECT e.id, e.priority, e.next_attempt_at
