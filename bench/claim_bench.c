@@ -106,8 +106,12 @@ static const char plain_sql[] =
 	"               LIMIT $1 FOR UPDATE SKIP LOCKED) "
 	"RETURNING e.id, e.endpoint";
 
-static const char ratebucket_sql[] =
-	"SELECT id, endpoint FROM claim_events($1::int * $2::int, $2::int)";
+/*
+ * The ratebucket claim: claim_events(batch, per_endpoint), or with -F
+ * another function of the same arguments (bench/lanes.sql's claim_lanes).
+ */
+static const char *claim_function = "claim_events";
+static char ratebucket_sql[160];
 
 static const char redis_lock_sql[] =
 	"SELECT id, endpoint FROM webhook_events "
@@ -616,6 +620,8 @@ usage(FILE *f)
 			"  -b N        batch: the LIMIT of the plain and redis claims (50)\n"
 			"  -e N        ratebucket: claim_events max_endpoints (10)\n"
 			"  -p N        ratebucket: claim_events per_endpoint (5)\n"
+			"  -F NAME     ratebucket: call NAME(batch, per_endpoint) instead of\n"
+			"              claim_events (a plain identifier)\n"
 			"  -d CONNINFO PostgreSQL connection (default: from PG* variables)\n"
 			"  -H HOST     redis host (127.0.0.1)\n"
 			"  -P PORT     redis port (6379)\n"
@@ -681,7 +687,7 @@ main(int argc, char **argv)
 		return 2;
 	}
 	optind = 2;
-	while ((opt = getopt(argc, argv, "w:s:b:e:p:d:H:P:S:l")) != -1)
+	while ((opt = getopt(argc, argv, "w:s:b:e:p:F:d:H:P:S:l")) != -1)
 	{
 		switch (opt)
 		{
@@ -704,6 +710,16 @@ main(int argc, char **argv)
 				break;
 			case 'p':
 				per_endpoint = int_arg(optarg, "per_endpoint", 1);
+				break;
+			case 'F':
+				if (optarg[0] == '\0' || strlen(optarg) > 63 ||
+					strspn(optarg, "abcdefghijklmnopqrstuvwxyz_0123456789") != strlen(optarg) ||
+					(optarg[0] >= '0' && optarg[0] <= '9'))
+				{
+					fprintf(stderr, "claim_bench: -F wants a plain lower-case identifier: %s\n", optarg);
+					return 2;
+				}
+				claim_function = optarg;
 				break;
 			case 'd':
 				conninfo = optarg;
@@ -730,6 +746,8 @@ main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	snprintf(ratebucket_sql, sizeof(ratebucket_sql),
+			 "SELECT id, endpoint FROM %s($1::int * $2::int, $2::int)", claim_function);
 	if (mode == MODE_REDIS)
 	{
 		if (sha == NULL)

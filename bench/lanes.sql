@@ -1,0 +1,174 @@
+-- bench/lanes.sql: an experiment measured by bench/run-claim, NOT the recipe.
+--
+-- The question it answers: can a claim that keeps a row per endpoint (a
+-- "lane": where the endpoint's best pending event stands and when its tokens
+-- come back) reach the issue's first goal, (b) >= 0.8 x a plain SKIP LOCKED
+-- claim, where demo/queue.sql's claim_events, which walks the events and
+-- parks the throttled ones, does not?  A throttled endpoint costs one lane
+-- write here, none per event; the producers pay instead, by keeping the lanes
+-- up to date (the triggers below), and bench/run-claim measures that too.
+--
+-- Loaded after demo/queue.sql, on the same webhook_events.  What it leaves
+-- out, so that none of it is used for real: events with limits or an
+-- in-flight cap (never locked here), endpoints without a configuration
+-- (bucket_take_batch refuses them, the claim fails), the set-aside step,
+-- next_due(), and the order of locks against record_delivery (which would
+-- have to update its events, and so their lanes, before it locks buckets).
+-- What taking it into demo/queue.sql would involve is in bench/README.md
+-- ("What would change it", 6).
+
+-- One row per endpoint that has, or had, pending events.  (priority, due)
+-- is never after the endpoint's best pending event in queue order (it may
+-- be before it: the claim corrects it when it visits); 'infinity' when it has
+-- none.  ready_at: not before then (the endpoint's tokens come back).
+CREATE TABLE webhook_lanes (
+    endpoint text PRIMARY KEY,
+    priority int NOT NULL,
+    due      timestamptz NOT NULL,
+    ready_at timestamptz
+);
+-- The lanes in queue order; a throttled lane sorts at its ready time, so a
+-- claim reads it again only when its tokens are back.
+CREATE INDEX webhook_lanes_order
+    ON webhook_lanes (priority DESC, greatest(due, ready_at));
+
+-- Producers: new pending events move their lanes' heads up (or create them).
+-- One statement per INSERT statement, whatever its rows, lanes locked in key
+-- order.
+CREATE FUNCTION webhook_lanes_insert() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO webhook_lanes AS l (endpoint, priority, due)
+    SELECT DISTINCT ON (n.endpoint) n.endpoint, n.priority, n.next_attempt_at
+    FROM new_events n
+    WHERE n.status = 'pending'
+    ORDER BY n.endpoint, n.priority DESC, n.next_attempt_at
+    ON CONFLICT (endpoint) DO UPDATE
+    SET priority = excluded.priority, due = excluded.due
+    WHERE l.due = 'infinity' OR excluded.priority > l.priority
+       OR (excluded.priority = l.priority AND excluded.due < l.due);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER webhook_lanes_insert
+    AFTER INSERT ON webhook_events
+    REFERENCING NEW TABLE AS new_events
+    FOR EACH STATEMENT EXECUTE FUNCTION webhook_lanes_insert();
+
+-- An event back to pending, or moved earlier (a retry, a lease given back,
+-- a manual requeue): the same, one row.  The claim's own updates (to
+-- 'sending') do not fire it.
+CREATE FUNCTION webhook_lanes_update() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO webhook_lanes AS l (endpoint, priority, due)
+    VALUES (NEW.endpoint, NEW.priority, NEW.next_attempt_at)
+    ON CONFLICT (endpoint) DO UPDATE
+    SET priority = excluded.priority, due = excluded.due
+    WHERE l.due = 'infinity' OR excluded.priority > l.priority
+       OR (excluded.priority = l.priority AND excluded.due < l.due);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER webhook_lanes_update
+    AFTER UPDATE OF status, priority, next_attempt_at, endpoint ON webhook_events
+    FOR EACH ROW
+    WHEN (NEW.status = 'pending'
+          AND (OLD.status <> 'pending' OR NEW.endpoint <> OLD.endpoint
+               OR NEW.priority > OLD.priority OR NEW.next_attempt_at < OLD.next_attempt_at))
+    EXECUTE FUNCTION webhook_lanes_update();
+
+-- claim_lanes: claim up to batch events, at most per_endpoint of any one
+-- endpoint (events without limits or a cap only).
+--
+-- 1. Lock the first batch / per_endpoint lanes that are due and ready, in
+--    queue order, skipping lanes other claims hold: each claim gets
+--    endpoints of its own, so claims never wait for each other's buckets.
+-- 2. In a second statement, whose snapshot is taken after those locks (so
+--    it sees every event whose producer updated the lane before), lock up to
+--    per_endpoint due events of each lane, take tokens for them in one
+--    bucket_take_batch, claim as many as were granted, and move each lane:
+--    its head to the first event not claimed (by this snapshot; a producer
+--    that inserts meanwhile waits for the lane and moves it back up after),
+--    its ready_at to when the next token comes, if it ran out.  A lane that
+--    got no token is written once and not read again until then; its
+--    events are not touched.
+CREATE FUNCTION claim_lanes(batch int, per_endpoint int,
+                            lease interval DEFAULT '30 seconds')
+RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb, lease_until timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    lanes text[];
+BEGIN
+    IF batch IS NULL OR batch < 1 OR per_endpoint IS NULL OR per_endpoint < 1 THEN
+        RAISE EXCEPTION 'batch and per_endpoint must be at least 1'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT array_agg(l.endpoint) INTO lanes
+    FROM (SELECT l.endpoint
+          FROM webhook_lanes l
+          WHERE greatest(l.due, l.ready_at) <= now()
+          ORDER BY l.priority DESC, greatest(l.due, l.ready_at)
+          LIMIT ceil(batch::float8 / per_endpoint)::int
+          FOR UPDATE SKIP LOCKED) l;
+    IF lanes IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH locked AS MATERIALIZED (
+        SELECT x.id, u.endpoint, x.k
+        FROM unnest(lanes) AS u(endpoint)
+        CROSS JOIN LATERAL (
+            SELECT y.id, row_number() OVER () AS k
+            FROM (SELECT e.id
+                  FROM webhook_events e
+                  WHERE e.endpoint = u.endpoint
+                    AND e.status = 'pending' AND e.next_attempt_at <= now()
+                    AND CASE WHEN e.limits = '{}' AND e.inflight_key IS NULL
+                             THEN true ELSE false END
+                  ORDER BY e.priority DESC, e.next_attempt_at
+                  LIMIT per_endpoint
+                  FOR UPDATE SKIP LOCKED) y) x
+    ), requests AS MATERIALIZED (
+        SELECT l.endpoint, count(*)::int AS n, row_number() OVER (ORDER BY l.endpoint) AS req
+        FROM locked l
+        GROUP BY l.endpoint
+    ), taken AS MATERIALIZED (
+        SELECT r.endpoint, t.granted, t.wait_seconds
+        FROM ratebucket.bucket_take_batch((
+                 SELECT array_agg(ROW(ARRAY[r2.endpoint], r2.n, NULL)::ratebucket.batch_request
+                                  ORDER BY r2.req)
+                 FROM requests r2)) t
+        JOIN requests r ON r.req = t.request
+    ), moved AS (
+        UPDATE webhook_lanes l
+        SET priority = coalesce(nx.priority, l.priority),
+            due = coalesce(nx.next_attempt_at, 'infinity'),
+            ready_at = CASE WHEN t.wait_seconds > 0 THEN
+                           now() + make_interval(secs => least(t.wait_seconds, 366 * 86400.0))
+                       END
+        FROM unnest(lanes) AS u(endpoint)
+        LEFT JOIN taken t ON t.endpoint = u.endpoint
+        LEFT JOIN LATERAL (
+            SELECT e.priority, e.next_attempt_at
+            FROM webhook_events e
+            WHERE e.endpoint = u.endpoint AND e.status = 'pending'
+            ORDER BY e.priority DESC, e.next_attempt_at
+            OFFSET coalesce(t.granted, 0)
+            LIMIT 1) nx ON true
+        WHERE l.endpoint = u.endpoint
+    )
+    UPDATE webhook_events e
+    SET status = 'sending', lease_until = now() + lease
+    FROM locked l
+    JOIN taken t ON t.endpoint = l.endpoint
+    WHERE e.id = l.id AND l.k <= t.granted
+    RETURNING e.id, e.endpoint, e.attempts, e.payload, e.lease_until;
+END
+$$;
