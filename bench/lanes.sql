@@ -32,12 +32,22 @@ CREATE TABLE webhook_lanes (
 CREATE INDEX webhook_lanes_order
     ON webhook_lanes (priority DESC, greatest(due, ready_at));
 
+-- A claim holds its lanes with transaction-level advisory locks (class
+-- hashtext('webhook_lanes'), key hashtext(endpoint)), tried and never waited
+-- for: no row lock, so no write, for the hold.  A producer takes the same
+-- lock, waiting, before it moves a lane: it waits for a claim that holds the
+-- lane (which may move it forward, by what its snapshot sees) and moves it
+-- back up after; claims pass over a lane a producer holds until its commit.
+
 -- Producers: new pending events move their lanes' heads up (or create them).
 -- One statement per INSERT statement, whatever its rows, lanes locked in key
 -- order.
 CREATE FUNCTION webhook_lanes_insert() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('webhook_lanes'), hashtext(d.endpoint))
+    FROM (SELECT DISTINCT n.endpoint FROM new_events n
+          WHERE n.status = 'pending' ORDER BY n.endpoint) d;
     INSERT INTO webhook_lanes AS l (endpoint, priority, due)
     SELECT DISTINCT ON (n.endpoint) n.endpoint, n.priority, n.next_attempt_at
     FROM new_events n
@@ -61,6 +71,7 @@ CREATE TRIGGER webhook_lanes_insert
 CREATE FUNCTION webhook_lanes_update() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('webhook_lanes'), hashtext(NEW.endpoint));
     INSERT INTO webhook_lanes AS l (endpoint, priority, due)
     VALUES (NEW.endpoint, NEW.priority, NEW.next_attempt_at)
     ON CONFLICT (endpoint) DO UPDATE
@@ -81,11 +92,15 @@ CREATE TRIGGER webhook_lanes_update
 -- claim_lanes: claim up to batch events, at most per_endpoint of any one
 -- endpoint (events without limits or a cap only).
 --
--- 1. Lock the first batch / per_endpoint lanes that are due and ready, in
---    queue order, skipping lanes other claims hold: each claim gets
---    endpoints of its own, so claims never wait for each other's buckets.
+-- 1. Hold the first batch / per_endpoint lanes that are due and ready, in
+--    queue order, passing over lanes other claims or producers hold (the
+--    advisory lock above, tried on the lanes in queue order, up to the
+--    LIMIT: the condition cannot be pushed below the ordering into a
+--    MATERIALIZED CTE, where a sort would try it on every due lane): each
+--    claim gets endpoints of its own, so claims never wait for each other's
+--    buckets.
 -- 2. In a second statement, whose snapshot is taken after those locks (so
---    it sees every event whose producer updated the lane before), lock up to
+--    it sees every event whose producer moved the lane before), lock up to
 --    per_endpoint due events of each lane, take tokens for them in one
 --    bucket_take_batch, claim as many as were granted, and move each lane:
 --    its head to the first event not claimed (by this snapshot; a producer
@@ -109,13 +124,17 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    SELECT array_agg(l.endpoint) INTO lanes
-    FROM (SELECT l.endpoint
-          FROM webhook_lanes l
-          WHERE greatest(l.due, l.ready_at) <= now()
-          ORDER BY l.priority DESC, greatest(l.due, l.ready_at)
-          LIMIT ceil(batch::float8 / per_endpoint)::int
-          FOR UPDATE SKIP LOCKED) l;
+    WITH o AS MATERIALIZED (    -- read lazily, as far as the LIMIT asks
+        SELECT l.endpoint
+        FROM webhook_lanes l
+        WHERE greatest(l.due, l.ready_at) <= now()
+        ORDER BY l.priority DESC, greatest(l.due, l.ready_at)
+    )
+    SELECT array_agg(h.endpoint) INTO lanes
+    FROM (SELECT o.endpoint
+          FROM o
+          WHERE pg_try_advisory_xact_lock(hashtext('webhook_lanes'), hashtext(o.endpoint))
+          LIMIT ceil(batch::float8 / per_endpoint)::int) h;
     IF lanes IS NULL THEN
         RETURN;
     END IF;
