@@ -1,19 +1,21 @@
--- bench/lanes.sql: an experiment measured by bench/run-claim, NOT the recipe.
+-- bench/by_endpoint.sql: an experiment measured by bench/run-claim, NOT the recipe.
 --
--- The question it answers: can a claim that keeps a row per endpoint (a
--- "lane": where the endpoint's best pending event stands and when its tokens
--- come back) reach the issue's first goal, (b) >= 0.8 x a plain SKIP LOCKED
--- claim, where demo/queue.sql's claim_events, which walks the events and
--- parks the throttled ones, does not?  A throttled endpoint costs one lane
--- write here, none per event; the producers pay instead, by keeping the lanes
--- up to date (the triggers below), and bench/run-claim measures that too.
+-- The question it answers: can a claim that reads a row per endpoint (where
+-- the endpoint's best pending event stands, and when its tokens come back)
+-- instead of the events reach the issue's first goal, (b) >= 0.8 x a plain
+-- SKIP LOCKED claim, where demo/queue.sql's claim_events, which walks the
+-- events and parks the throttled ones, does not?  A throttled endpoint costs
+-- one write of its row here, none per event; the producers pay instead, by
+-- keeping the rows up to date (the triggers below), and bench/run-claim
+-- measures that too.
 --
 -- Loaded after demo/queue.sql, on the same webhook_events.  What it leaves
 -- out, so that none of it is used for real: events with limits or an
 -- in-flight cap (never locked here), endpoints without a configuration
 -- (bucket_take_batch refuses them, the claim fails), the set-aside step,
 -- next_due(), and the order of locks against record_delivery (which would
--- have to update its events, and so their lanes, before it locks buckets).
+-- have to update its events, and so their endpoint rows, before it locks
+-- buckets).
 -- What taking it into demo/queue.sql would involve is in bench/README.md
 -- ("What would change it", 6).
 
@@ -21,95 +23,96 @@
 -- is never after the endpoint's best pending event in queue order (it may
 -- be before it: the claim corrects it when it visits); 'infinity' when it has
 -- none.  ready_at: not before then (the endpoint's tokens come back).
-CREATE TABLE webhook_lanes (
+CREATE TABLE webhook_endpoints (
     endpoint text PRIMARY KEY,
     priority int NOT NULL,
     due      timestamptz NOT NULL,
     ready_at timestamptz
 );
--- The lanes in queue order; a throttled lane sorts at its ready time, so a
--- claim reads it again only when its tokens are back.
-CREATE INDEX webhook_lanes_order
-    ON webhook_lanes (priority DESC, greatest(due, ready_at));
+-- The endpoints in queue order; a throttled one sorts at its ready time, so
+-- a claim reads its row again only when its tokens are back.
+CREATE INDEX webhook_endpoints_order
+    ON webhook_endpoints (priority DESC, greatest(due, ready_at));
 
--- A claim holds its lanes with transaction-level advisory locks (class
--- hashtext('webhook_lanes'), key hashtext(endpoint)), tried and never waited
--- for: no row lock, so no write, for the hold.  A producer takes the same
--- lock, waiting, before it moves a lane: it waits for a claim that holds the
--- lane (which may move it forward, by what its snapshot sees) and moves it
--- back up after; claims pass over a lane a producer holds until its commit.
+-- A claim holds its endpoints with transaction-level advisory locks (class
+-- hashtext('webhook_endpoints'), key hashtext(endpoint)), tried and never
+-- waited for: no row lock, so no write, for the hold.  A producer takes the
+-- same lock, waiting, before it moves an endpoint's row: it waits for a claim
+-- that holds the endpoint (which may move the row forward, by what its
+-- snapshot sees) and moves it back up after; claims pass over an endpoint a
+-- producer holds until the producer commits.
 
--- Producers: new pending events move their lanes' heads up (or create them).
--- One statement per INSERT statement, whatever its rows, lanes locked in key
--- order.
-CREATE FUNCTION webhook_lanes_insert() RETURNS trigger
+-- Producers: new pending events move their endpoints' rows up (or create
+-- them).  One statement per INSERT statement, whatever its rows, endpoints
+-- locked in key order.
+CREATE FUNCTION webhook_endpoints_insert() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('webhook_lanes'), hashtext(d.endpoint))
+    PERFORM pg_advisory_xact_lock(hashtext('webhook_endpoints'), hashtext(d.endpoint))
     FROM (SELECT DISTINCT n.endpoint FROM new_events n
           WHERE n.status = 'pending' ORDER BY n.endpoint) d;
-    INSERT INTO webhook_lanes AS l (endpoint, priority, due)
+    INSERT INTO webhook_endpoints AS w (endpoint, priority, due)
     SELECT DISTINCT ON (n.endpoint) n.endpoint, n.priority, n.next_attempt_at
     FROM new_events n
     WHERE n.status = 'pending'
     ORDER BY n.endpoint, n.priority DESC, n.next_attempt_at
     ON CONFLICT (endpoint) DO UPDATE
     SET priority = excluded.priority, due = excluded.due
-    WHERE l.due = 'infinity' OR excluded.priority > l.priority
-       OR (excluded.priority = l.priority AND excluded.due < l.due);
+    WHERE w.due = 'infinity' OR excluded.priority > w.priority
+       OR (excluded.priority = w.priority AND excluded.due < w.due);
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER webhook_lanes_insert
+CREATE TRIGGER webhook_endpoints_insert
     AFTER INSERT ON webhook_events
     REFERENCING NEW TABLE AS new_events
-    FOR EACH STATEMENT EXECUTE FUNCTION webhook_lanes_insert();
+    FOR EACH STATEMENT EXECUTE FUNCTION webhook_endpoints_insert();
 
 -- An event back to pending, or moved earlier (a retry, a lease given back,
 -- a manual requeue): the same, one row.  The claim's own updates (to
 -- 'sending') do not fire it.
-CREATE FUNCTION webhook_lanes_update() RETURNS trigger
+CREATE FUNCTION webhook_endpoints_update() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('webhook_lanes'), hashtext(NEW.endpoint));
-    INSERT INTO webhook_lanes AS l (endpoint, priority, due)
+    PERFORM pg_advisory_xact_lock(hashtext('webhook_endpoints'), hashtext(NEW.endpoint));
+    INSERT INTO webhook_endpoints AS w (endpoint, priority, due)
     VALUES (NEW.endpoint, NEW.priority, NEW.next_attempt_at)
     ON CONFLICT (endpoint) DO UPDATE
     SET priority = excluded.priority, due = excluded.due
-    WHERE l.due = 'infinity' OR excluded.priority > l.priority
-       OR (excluded.priority = l.priority AND excluded.due < l.due);
+    WHERE w.due = 'infinity' OR excluded.priority > w.priority
+       OR (excluded.priority = w.priority AND excluded.due < w.due);
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER webhook_lanes_update
+CREATE TRIGGER webhook_endpoints_update
     AFTER UPDATE OF status, priority, next_attempt_at, endpoint ON webhook_events
     FOR EACH ROW
     WHEN (NEW.status = 'pending'
           AND (OLD.status <> 'pending' OR NEW.endpoint <> OLD.endpoint
                OR NEW.priority > OLD.priority OR NEW.next_attempt_at < OLD.next_attempt_at))
-    EXECUTE FUNCTION webhook_lanes_update();
+    EXECUTE FUNCTION webhook_endpoints_update();
 
--- claim_lanes: claim up to batch events, at most per_endpoint of any one
+-- claim_by_endpoint: claim up to batch events, at most per_endpoint of any one
 -- endpoint (events without limits or a cap only).
 --
--- 1. Hold the first batch / per_endpoint lanes that are due and ready, in
---    queue order, passing over lanes other claims or producers hold (the
---    advisory lock above, tried on the lanes in queue order, up to the
---    LIMIT: the condition cannot be pushed below the ordering into a
---    MATERIALIZED CTE, where a sort would try it on every due lane): each
+-- 1. Hold the first batch / per_endpoint endpoints whose rows are due and
+--    ready, in queue order, passing over endpoints other claims or producers
+--    hold (the advisory lock above, tried on the rows in queue order, up to
+--    the LIMIT: the condition cannot be pushed below the ordering into a
+--    MATERIALIZED CTE, where a sort would try it on every due row): each
 --    claim gets endpoints of its own, so claims never wait for each other's
 --    buckets.
 -- 2. In a second statement, whose snapshot is taken after those locks (so
---    it sees every event whose producer moved the lane before), lock up to
---    per_endpoint due events of each lane, take tokens for them in one
---    bucket_take_batch, claim as many as were granted, and move each lane:
+--    it sees every event whose producer moved the row before), lock up to
+--    per_endpoint due events of each endpoint, take tokens for them in one
+--    bucket_take_batch, claim as many as were granted, and move each row:
 --    its head to the first event not claimed (by this snapshot; a producer
---    that inserts meanwhile waits for the lane and moves it back up after),
---    its ready_at to when the next token comes, if it ran out.  A lane that
---    got no token is written once and not read again until then; its
---    events are not touched.
-CREATE FUNCTION claim_lanes(batch int, per_endpoint int,
-                            lease interval DEFAULT '30 seconds')
+--    that inserts meanwhile waits for the endpoint and moves it back up
+--    after), its ready_at to when the next token comes, if it ran out.  An
+--    endpoint that got no token has its row written once, and is not read
+--    again until then; its events are not touched.
+CREATE FUNCTION claim_by_endpoint(batch int, per_endpoint int,
+                                  lease interval DEFAULT '30 seconds')
 RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb, lease_until timestamptz)
 LANGUAGE plpgsql VOLATILE
 SET jit = off
@@ -117,7 +120,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    lanes text[];
+    held text[];            -- the endpoints this claim holds
 BEGIN
     IF batch IS NULL OR batch < 1 OR per_endpoint IS NULL OR per_endpoint < 1 THEN
         RAISE EXCEPTION 'batch and per_endpoint must be at least 1'
@@ -126,23 +129,23 @@ BEGIN
 
     WITH o AS MATERIALIZED (    -- read lazily, as far as the LIMIT asks
         SELECT l.endpoint
-        FROM webhook_lanes l
+        FROM webhook_endpoints l
         WHERE greatest(l.due, l.ready_at) <= now()
         ORDER BY l.priority DESC, greatest(l.due, l.ready_at)
     )
-    SELECT array_agg(h.endpoint) INTO lanes
+    SELECT array_agg(h.endpoint) INTO held
     FROM (SELECT o.endpoint
           FROM o
-          WHERE pg_try_advisory_xact_lock(hashtext('webhook_lanes'), hashtext(o.endpoint))
+          WHERE pg_try_advisory_xact_lock(hashtext('webhook_endpoints'), hashtext(o.endpoint))
           LIMIT ceil(batch::float8 / per_endpoint)::int) h;
-    IF lanes IS NULL THEN
+    IF held IS NULL THEN
         RETURN;
     END IF;
 
     RETURN QUERY
     WITH locked AS MATERIALIZED (
         SELECT x.id, u.endpoint, x.k
-        FROM unnest(lanes) AS u(endpoint)
+        FROM unnest(held) AS u(endpoint)
         CROSS JOIN LATERAL (
             SELECT y.id, row_number() OVER () AS k
             FROM (SELECT e.id
@@ -166,13 +169,13 @@ BEGIN
                  FROM requests r2)) t
         JOIN requests r ON r.req = t.request
     ), moved AS (
-        UPDATE webhook_lanes l
+        UPDATE webhook_endpoints l
         SET priority = coalesce(nx.priority, l.priority),
             due = coalesce(nx.next_attempt_at, 'infinity'),
             ready_at = CASE WHEN t.wait_seconds > 0 THEN
                            now() + make_interval(secs => least(t.wait_seconds, 366 * 86400.0))
                        END
-        FROM unnest(lanes) AS u(endpoint)
+        FROM unnest(held) AS u(endpoint)
         LEFT JOIN taken t ON t.endpoint = u.endpoint
         LEFT JOIN LATERAL (
             SELECT e.priority, e.next_attempt_at
