@@ -19,10 +19,14 @@
 -- What taking it into demo/queue.sql would involve is in bench/README.md
 -- ("What would change it", 6).
 
--- One row per endpoint that has, or had, pending events.  (priority, due)
--- is never after the endpoint's best pending event in queue order (it may
--- be before it: the claim corrects it when it visits); 'infinity' when it has
--- none.  ready_at: not before then (the endpoint's tokens come back).
+-- One row per endpoint that has, or had, pending events: priority, the
+-- highest of its pending events' priorities, and due, the earliest of their
+-- due times, each a bound (never below the highest, never after the
+-- earliest; the claim corrects them when it visits); due 'infinity' when it
+-- has none.  Kept apart, not as the position of its best event in queue
+-- order: a higher-priority event due later (a retry with backoff) would then
+-- hide the lower-priority events already due behind it.  ready_at: not
+-- before then (the endpoint's tokens come back).
 CREATE TABLE webhook_endpoints (
     endpoint text PRIMARY KEY,
     priority int NOT NULL,
@@ -33,6 +37,11 @@ CREATE TABLE webhook_endpoints (
 -- a claim reads its row again only when its tokens are back.
 CREATE INDEX webhook_endpoints_order
     ON webhook_endpoints (priority DESC, greatest(due, ready_at));
+-- The claim reads an endpoint's earliest pending event through this one
+-- (webhook_events_endpoint leads with the priority).  bench/run-claim builds
+-- it for the by-endpoint runs only, and drops it for the others.
+CREATE INDEX webhook_events_endpoint_due
+    ON webhook_events (endpoint, next_attempt_at) WHERE status = 'pending';
 
 -- A claim holds its endpoints with transaction-level advisory locks (class
 -- hashtext('webhook_endpoints'), key hashtext(endpoint)), tried and never
@@ -52,14 +61,16 @@ BEGIN
     FROM (SELECT DISTINCT n.endpoint FROM new_events n
           WHERE n.status = 'pending' ORDER BY n.endpoint) d;
     INSERT INTO webhook_endpoints AS w (endpoint, priority, due)
-    SELECT DISTINCT ON (n.endpoint) n.endpoint, n.priority, n.next_attempt_at
+    SELECT n.endpoint, max(n.priority), min(n.next_attempt_at)
     FROM new_events n
     WHERE n.status = 'pending'
-    ORDER BY n.endpoint, n.priority DESC, n.next_attempt_at
+    GROUP BY n.endpoint
+    ORDER BY n.endpoint
     ON CONFLICT (endpoint) DO UPDATE
-    SET priority = excluded.priority, due = excluded.due
-    WHERE w.due = 'infinity' OR excluded.priority > w.priority
-       OR (excluded.priority = w.priority AND excluded.due < w.due);
+    SET priority = CASE WHEN w.due = 'infinity' THEN excluded.priority
+                        ELSE greatest(w.priority, excluded.priority) END,
+        due = least(w.due, excluded.due)
+    WHERE w.due = 'infinity' OR excluded.priority > w.priority OR excluded.due < w.due;
     RETURN NULL;
 END $$;
 
@@ -78,9 +89,10 @@ BEGIN
     INSERT INTO webhook_endpoints AS w (endpoint, priority, due)
     VALUES (NEW.endpoint, NEW.priority, NEW.next_attempt_at)
     ON CONFLICT (endpoint) DO UPDATE
-    SET priority = excluded.priority, due = excluded.due
-    WHERE w.due = 'infinity' OR excluded.priority > w.priority
-       OR (excluded.priority = w.priority AND excluded.due < w.due);
+    SET priority = CASE WHEN w.due = 'infinity' THEN excluded.priority
+                        ELSE greatest(w.priority, excluded.priority) END,
+        due = least(w.due, excluded.due)
+    WHERE w.due = 'infinity' OR excluded.priority > w.priority OR excluded.due < w.due;
     RETURN NULL;
 END $$;
 
@@ -93,7 +105,7 @@ CREATE TRIGGER webhook_endpoints_update
     EXECUTE FUNCTION webhook_endpoints_update();
 
 -- claim_by_endpoint: claim up to batch events, at most per_endpoint of any one
--- endpoint (events without limits or a cap only).
+-- endpoint (events without limits or a cap only).  READ COMMITTED only.
 --
 -- 1. Hold the first batch / per_endpoint endpoints whose rows are due and
 --    ready, in queue order, passing over endpoints other claims or producers
@@ -103,14 +115,16 @@ CREATE TRIGGER webhook_endpoints_update
 --    claim gets endpoints of its own, so claims never wait for each other's
 --    buckets.
 -- 2. In a second statement, whose snapshot is taken after those locks (so
---    it sees every event whose producer moved the row before), lock up to
---    per_endpoint due events of each endpoint, take tokens for them in one
---    bucket_take_batch, claim as many as were granted, and move each row:
---    its head to the first event not claimed (by this snapshot; a producer
---    that inserts meanwhile waits for the endpoint and moves it back up
---    after), its ready_at to when the next token comes, if it ran out.  An
---    endpoint that got no token has its row written once, and is not read
---    again until then; its events are not touched.
+--    it sees every event whose producer moved the row before; hence READ
+--    COMMITTED, where each statement takes a new snapshot), lock up to
+--    per_endpoint due events of each endpoint, best first, take tokens for
+--    them in one bucket_take_batch, claim as many as were granted, and move
+--    each row to the events not claimed (by this snapshot; a producer that
+--    inserts meanwhile waits for the endpoint and moves the row back after):
+--    their highest priority, their earliest due time, and its ready_at to
+--    when the next token comes, if it ran out.  An endpoint that got no
+--    token has its row written once, and is not read again until then; its
+--    events are not touched.
 CREATE FUNCTION claim_by_endpoint(batch int, per_endpoint int,
                                   lease interval DEFAULT '30 seconds')
 RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb, lease_until timestamptz)
@@ -126,12 +140,16 @@ BEGIN
         RAISE EXCEPTION 'batch and per_endpoint must be at least 1'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'claim_by_endpoint runs only under READ COMMITTED'
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
 
     WITH o AS MATERIALIZED (    -- read lazily, as far as the LIMIT asks
-        SELECT l.endpoint
-        FROM webhook_endpoints l
-        WHERE greatest(l.due, l.ready_at) <= now()
-        ORDER BY l.priority DESC, greatest(l.due, l.ready_at)
+        SELECT w.endpoint
+        FROM webhook_endpoints w
+        WHERE greatest(w.due, w.ready_at) <= now()
+        ORDER BY w.priority DESC, greatest(w.due, w.ready_at)
     )
     SELECT array_agg(h.endpoint) INTO held
     FROM (SELECT o.endpoint
@@ -147,8 +165,8 @@ BEGIN
         SELECT x.id, u.endpoint, x.k
         FROM unnest(held) AS u(endpoint)
         CROSS JOIN LATERAL (
-            SELECT y.id, row_number() OVER () AS k
-            FROM (SELECT e.id
+            SELECT y.id, row_number() OVER (ORDER BY y.priority DESC, y.next_attempt_at, y.id) AS k
+            FROM (SELECT e.id, e.priority, e.next_attempt_at
                   FROM webhook_events e
                   WHERE e.endpoint = u.endpoint
                     AND e.status = 'pending' AND e.next_attempt_at <= now()
@@ -168,29 +186,41 @@ BEGIN
                                   ORDER BY r2.req)
                  FROM requests r2)) t
         JOIN requests r ON r.req = t.request
+    ), claimed AS MATERIALIZED (
+        SELECT l.id, l.endpoint
+        FROM locked l
+        JOIN taken t ON t.endpoint = l.endpoint
+        WHERE l.k <= t.granted
     ), moved AS (
-        UPDATE webhook_endpoints l
-        SET priority = coalesce(nx.priority, l.priority),
-            due = coalesce(nx.next_attempt_at, 'infinity'),
+        UPDATE webhook_endpoints w
+        SET priority = coalesce(top.priority, w.priority),
+            due = coalesce(first.next_attempt_at, 'infinity'),
             ready_at = CASE WHEN t.wait_seconds > 0 THEN
                            now() + make_interval(secs => least(t.wait_seconds, 366 * 86400.0))
                        END
         FROM unnest(held) AS u(endpoint)
         LEFT JOIN taken t ON t.endpoint = u.endpoint
+        CROSS JOIN LATERAL (       -- what this claim leaves pending
+            SELECT coalesce(array_agg(c.id), '{}') AS ids
+            FROM claimed c WHERE c.endpoint = u.endpoint) c
         LEFT JOIN LATERAL (
-            SELECT e.priority, e.next_attempt_at
+            SELECT e.priority
             FROM webhook_events e
-            WHERE e.endpoint = u.endpoint AND e.status = 'pending'
+            WHERE e.endpoint = u.endpoint AND e.status = 'pending' AND e.id <> ALL (c.ids)
             ORDER BY e.priority DESC, e.next_attempt_at
-            OFFSET coalesce(t.granted, 0)
-            LIMIT 1) nx ON true
-        WHERE l.endpoint = u.endpoint
+            LIMIT 1) top ON true
+        LEFT JOIN LATERAL (
+            SELECT e.next_attempt_at
+            FROM webhook_events e
+            WHERE e.endpoint = u.endpoint AND e.status = 'pending' AND e.id <> ALL (c.ids)
+            ORDER BY e.next_attempt_at
+            LIMIT 1) first ON true
+        WHERE w.endpoint = u.endpoint
     )
     UPDATE webhook_events e
     SET status = 'sending', lease_until = now() + lease
-    FROM locked l
-    JOIN taken t ON t.endpoint = l.endpoint
-    WHERE e.id = l.id AND l.k <= t.granted
+    FROM claimed c
+    WHERE e.id = c.id
     RETURNING e.id, e.endpoint, e.attempts, e.payload, e.lease_until;
 END
 $$;
