@@ -1,8 +1,8 @@
 -- bench/by_endpoint.sql: an experiment measured by bench/run-claim, NOT the recipe.
 --
--- The question it answers: can a claim that reads a row per endpoint (where
--- the endpoint's best pending event stands, and when its tokens come back)
--- instead of the events reach the issue's first goal, (b) >= 0.8 x a plain
+-- The question it answers: can a claim that reads a row per endpoint (the
+-- highest priority and the earliest due time of its pending events, and when
+-- its tokens come back) instead of the events reach the issue's first goal, (b) >= 0.8 x a plain
 -- SKIP LOCKED claim, where demo/queue.sql's claim_events, which walks the
 -- events and parks the throttled ones, does not?  A throttled endpoint costs
 -- one write of its row here, none per event; the producers pay instead, by
@@ -15,7 +15,12 @@
 -- (bucket_take_batch refuses them, the claim fails), the set-aside step,
 -- next_due(), and the order of locks against record_delivery (which would
 -- have to update its events, and so their endpoint rows, before it locks
--- buckets).
+-- buckets).  What it cannot help: producers that insert for several
+-- endpoints in several statements of one transaction can deadlock with each
+-- other (each statement locks its endpoints in key order, nothing orders
+-- them across statements), and the order across endpoints is approximate
+-- (an endpoint sorts by its highest priority and its earliest due time,
+-- which may belong to different events).
 -- What taking it into demo/queue.sql would involve is in bench/README.md
 -- ("What would change it", 6).
 

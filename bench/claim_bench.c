@@ -108,7 +108,8 @@ static const char plain_sql[] =
 
 /*
  * The ratebucket claim: claim_events(batch, per_endpoint), or with -F
- * another function of the same arguments (bench/by_endpoint.sql's claim_by_endpoint).
+ * another function of the same arguments (bench/by_endpoint.sql's
+ * claim_by_endpoint).
  */
 static const char *claim_function = "claim_events";
 static char ratebucket_sql[160];
