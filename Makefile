@@ -3,24 +3,15 @@ EXTENSION = ratebucket
 EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(EXTENSION).control)
 
 MODULE_big = ratebucket
-OBJS = \
-	src/adapt.o \
-	src/admin.o \
-	src/arith.o \
-	src/batch.o \
-	src/claim.o \
-	src/direct.o \
-	src/feedback.o \
-	src/guc.o \
-	src/headers.o \
-	src/headers_sql.o \
-	src/quota.o \
-	src/ratebucket.o \
-	src/status.o \
-	src/storage.o \
-	src/stripe.o \
-	src/take.o \
-	src/validate.o
+# The layers of src/, each calling only the ones listed before it:
+# core (pure C, no PostgreSQL headers), bucket, engine, api (the SQL-callable
+# functions), and the module's entry point.  See doc/internals.md.
+CORE_OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/core/*.c)))
+BUCKET_OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/bucket/*.c)))
+ENGINE_OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/engine/*.c)))
+API_OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/api/*.c)))
+OBJS = $(CORE_OBJS) src/headers.o $(BUCKET_OBJS) $(ENGINE_OBJS) $(API_OBJS) \
+	src/ratebucket.o
 
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
@@ -41,7 +32,7 @@ PG_CONFIG ?= pg_config
 # Our own code builds warning-free under -Wall -Wextra.  PostgreSQL's headers
 # do not (unused parameters in inline functions), so they are included as
 # system headers, which silences warnings in them and only in them.
-PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) \
+PG_CPPFLAGS = -I$(srcdir)/src -isystem $(shell $(PG_CONFIG) --includedir-server) \
 	-DRATEBUCKET_VERSION=\"$(EXTVERSION)\"
 PG_CFLAGS = -Wall -Wextra
 

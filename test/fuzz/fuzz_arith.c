@@ -1,18 +1,20 @@
 /*-------------------------------------------------------------------------
  *
  * fuzz_arith.c
- *	  libFuzzer target for the bucket arithmetic of src/arith.c and the
- *	  feedback state machine of src/adapt.c.
+ *	  libFuzzer target for the bucket arithmetic (src/core/arith.c), the
+ *	  adaptation state machine (src/core/adapt.c) and the feedback policy
+ *	  (src/core/feedback.c): the shipped code, not a copy.
  *
  * The fuzz data is a program: a policy, a starting clock, then a sequence
  * of operations on one simulated bucket row (take, peek, observe an outcome,
  * cool down, lower the factor, pause, resume, clock steps forward and back),
- * each decoded from the next bytes.  The take and observe steps follow
- * src/take.c (rb_decide, and what is stored after a grant) and
- * src/feedback.c (ratebucket_observe) call for call, with arguments within
- * the ranges the SQL layer lets through (src/validate.c, src/guc.c, the
- * clamps of rb_bucket_policy): the PostgreSQL-free functions are called
- * exactly as the extension calls them.  After every step the invariants of
+ * each decoded from the next bytes.  The policy is rb_policy_resolve's of
+ * fuzzed settings and configuration; a take follows src/bucket/bucket.c
+ * (rb_bucket_decide, and what is stored after a grant), and an observe is
+ * rb_feedback_observe itself, as src/engine/observe.c calls it, on a
+ * response whose Retry-After and rate-limit fields are fuzzed text: the
+ * arguments stay within the ranges the SQL layer lets through
+ * (src/api/args.c, src/bucket/settings.c).  After every step the invariants of
  * the row are checked, and abort() is called on a violation:
  *
  *	 - tokens finite, within [0, capacity] (the table's CHECK);
@@ -39,8 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "adapt.h"
-#include "arith.h"
+#include "core/adapt.h"
+#include "core/arith.h"
+#include "core/feedback.h"
 
 /* PostgreSQL's timestamptz range (MIN_TIMESTAMP, END_TIMESTAMP). */
 #define PG_MIN_TS INT64_C(-211813488000000000)
@@ -58,7 +61,7 @@
 
 /*
  * Times are exact in a double up to 2^53 microseconds (year 2255).  Beyond,
- * the differences arith.c and take.c compute in double round, and a denied
+ * the differences arith.c and bucket.c compute in double round, and a denied
  * take one microsecond before the end of a pause may be told to wait 0 s:
  * harmless, and only for clocks centuries ahead, so "a denial waits more
  * than 0" is checked only within this range.
@@ -189,12 +192,13 @@ typedef struct Row
 	double		capacity;
 	RbState		state;
 	RbAdapt		adapt;
-	double		conf_floor_rate;	/* NaN: the GUC's fraction */
-	double		floor_fraction;
+	RbFeedbackCounters counters;
 } Row;
 
 static Row	row;
-static RbPolicy policy;
+static RbSettings settings;		/* the ratebucket.* settings */
+static RbOverrides overrides;	/* the bucket's configuration */
+static RbPolicy policy;			/* rb_policy_resolve of both */
 static int64_t now;
 static int	step_no;
 static unsigned last_op;
@@ -227,14 +231,11 @@ dump_state(void)
 			(long long) policy.breaker_max_open);
 }
 
-/* rb_bucket_policy's floor_factor for a ceiling (src/feedback.c). */
+/* The policy in force for a ceiling, as bucket/bucket.c resolves it. */
 static void
 set_floor(double ceiling)
 {
-	if (isnan(row.conf_floor_rate))
-		policy.floor_factor = row.floor_fraction;
-	else
-		policy.floor_factor = fmin(1.0, row.conf_floor_rate / ceiling);
+	rb_policy_resolve(&settings, &overrides, ceiling, &policy);
 }
 
 /* The invariants that hold of the row between any two steps. */
@@ -273,7 +274,7 @@ check_row(int64_t prev_refilled_at)
 
 /*
  * A take of "want" with the limits (rate, capacity), the bucket's feedback
- * on top: rb_decide_take, as src/take.c calls it, with checks of the gate
+ * on top: rb_decide_take, as src/bucket/bucket.c calls it, with checks of the gate
  * it will meet.  On *write, the row gets the take's limits.
  */
 static RbTakeResult
@@ -434,63 +435,194 @@ step_take(Reader *r, int peek_only)
 		CHECK(!res.allowed);
 }
 
-/* An outcome, as bucket_observe(endpoint, status, retry_after) does it. */
+/* Unix seconds of the simulated clock (microseconds since 2000-01-01). */
+static double
+unix_now(void)
+{
+	return (double) now / RB_USECS_PER_SEC + 946684800.0;
+}
+
+/*
+ * A header value for a response: absent, a small number, a delay, an
+ * HTTP-date near the clock, a RateLimit-Policy or RateLimit item, or raw
+ * bytes.  Written into buf (of size len).
+ */
+static const char *
+rd_header(Reader *r, char *buf, size_t len, size_t *out_len)
+{
+	unsigned	how = rd_u8(r) % 8;
+	static const char *const days[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+	static const char *const months[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+	"Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+	int			n = 0;
+
+	switch (how)
+	{
+		case 0:
+			*out_len = 0;
+			return NULL;
+		case 1:
+			n = snprintf(buf, len, "%u", (unsigned) rd_u64(r, 1));
+			break;
+		case 2:
+			n = snprintf(buf, len, "%llu", (unsigned long long) rd_u64(r, 4));
+			break;
+		case 3:
+			{
+				/* an IMF-fixdate within a day of the clock (weekday not checked) */
+				double		t = unix_now() + (double) ((int64_t) rd_u64(r, 3) - 8388608) / 100.0;
+				int64_t		secs = (int64_t) floor(t);
+				int64_t		days_since = secs >= 0 ? secs / 86400 : -((-secs + 86399) / 86400);
+				int64_t		rem = secs - days_since * 86400;
+
+				/* civil date from days since 1970-01-01 (Howard Hinnant's) */
+				int64_t		z = days_since + 719468;
+				int64_t		era = (z >= 0 ? z : z - 146096) / 146097;
+				int64_t		doe = z - era * 146097;
+				int64_t		yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+				int64_t		doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+				int64_t		mp = (5 * doy + 2) / 153;
+				int64_t		d = doy - (153 * mp + 2) / 5 + 1;
+				int64_t		m = mp < 10 ? mp + 3 : mp - 9;
+				int64_t		y = yoe + era * 400 + (m <= 2);
+
+				if (y < 1 || y > 9999)
+					y = 2026;
+				n = snprintf(buf, len, "%s, %02d %s %04d %02d:%02d:%02d GMT",
+							 days[((days_since % 7) + 11) % 7], (int) d, months[m - 1],
+							 (int) y, (int) (rem / 3600), (int) (rem / 60 % 60),
+							 (int) (rem % 60));
+			}
+			break;
+		case 4:
+			n = snprintf(buf, len, "%u;w=%u", 1 + (unsigned) rd_u64(r, 2),
+						 1 + (unsigned) rd_u8(r));
+			break;
+		case 5:
+			n = snprintf(buf, len, "\"default\";r=%u;t=%u", (unsigned) rd_u8(r),
+						 (unsigned) rd_u8(r));
+			break;
+		default:
+			{
+				size_t		k = rd_u8(r) % 24;
+				size_t		i;
+
+				for (i = 0; i < k && i + 1 < len; i++)
+					buf[i] = (char) rd_u8(r);
+				*out_len = i;
+				return buf;
+			}
+	}
+	if (n < 0)
+		n = 0;
+	*out_len = (size_t) n < len ? (size_t) n : len - 1;
+	return buf;
+}
+
+/*
+ * An outcome, as bucket_observe(endpoint, status, retry_after, headers)
+ * decides it: rb_feedback_observe itself, on a response of fuzzed status
+ * and fields, then the invariants it must keep.
+ */
 static void
 step_observe(Reader *r)
 {
 	static const int statuses[] = {200, 204, 429, 503, 500, 408, 0, 404, 301, 599};
-	int			status = statuses[rd_u8(r) % 10];
-	int			has_status = rd_u8(r) % 8 != 0;
-	unsigned	ra = rd_u8(r) % 4;
-	double		ra_seconds = NAN;	/* no usable Retry-After */
-	RbOutcome	outcome;
+	char		bufs[6][48];
+	RbResponse	resp;
+	RbObservation obs;
+	RbAdapt		before_adapt = row.adapt;
+	RbFeedbackCounters before_counters = row.counters;
 	RbBreakerState before_state;
 	int64_t		before_cooldown = row.adapt.cooldown_until;
 	int64_t		before_refilled = row.state.refilled_at;
 	int32_t		before_run = row.adapt.failure_run;
 	double		ceiling = row.rate;
+	double		f_before;
+	double		f_after;
+	RbRateLimit rl;
+	RbRetryAfterKind ra_kind;
+	double		ra_value;
 
-	if (ra == 1)
-		ra_seconds = (double) rd_u64(r, 4);		/* a delay */
-	else if (ra == 2)
-		ra_seconds = -(double) rd_u64(r, 5);	/* a date in the past */
-	else if (ra == 3)
-		ra_seconds = rd_bounded(r, 1e-9, 1e9);
+	memset(&resp, 0, sizeof(resp));
+	resp.status = statuses[rd_u8(r) % 10];
+	resp.has_status = rd_u8(r) % 8 != 0;
+	resp.retry_after = rd_header(r, bufs[0], sizeof(bufs[0]), &resp.retry_after_len);
+	if (rd_u8(r) % 2)
+	{
+		resp.policy = rd_header(r, bufs[1], sizeof(bufs[1]), &resp.policy_len);
+		resp.ratelimit = rd_header(r, bufs[2], sizeof(bufs[2]), &resp.ratelimit_len);
+		resp.limit = rd_header(r, bufs[3], sizeof(bufs[3]), &resp.limit_len);
+		resp.remaining = rd_header(r, bufs[4], sizeof(bufs[4]), &resp.remaining_len);
+		resp.reset = rd_header(r, bufs[5], sizeof(bufs[5]), &resp.reset_len);
+	}
+	resp.retry_after_bad = rd_u8(r) % 16 == 0;
+	resp.bad_fields = (int) (rd_u8(r) % 4 == 0);
 
-	outcome = rb_classify(status, has_status, !isnan(ra_seconds));
 	set_floor(ceiling);
 	before_state = rb_breaker_state(&row.adapt, now);
+	f_before = rb_factor_now(&row.adapt, &policy, now);
+	rb_read_response(&resp, unix_now(), &rl, &ra_kind, &ra_value);
 
-	rb_bank_factor(&row.adapt, &policy, now);
+	rb_feedback_observe(&row.state, &row.adapt, &row.counters, &policy,
+						ceiling, false, &resp, now, unix_now(), &obs);
 	check_row(before_refilled);
+	f_after = rb_factor_now(&row.adapt, &policy, now);
 
-	if (outcome == RB_OUTCOME_THROTTLED || outcome == RB_OUTCOME_UNAVAILABLE)
+	/* what it reports is what the row now says */
+	CHECK(obs.outcome == rb_response_outcome(&resp, unix_now()));
+	CHECK(isfinite(obs.cooldown_seconds) && obs.cooldown_seconds >= 0.0);
+	CHECK(obs.effective_rate == ceiling * f_after);
+	CHECK(obs.breaker == rb_breaker_state(&row.adapt, now));
+	if (row.adapt.cooldown_until != before_cooldown ||
+		row.adapt.open_until != before_adapt.open_until ||
+		row.adapt.breaker_trips != before_adapt.breaker_trips)
+		CHECK(obs.adapt_changed);
+
+	/* an answer never raises the rate, and the cooldown never shrinks */
+	CHECK(f_after <= f_before * (1.0 + 1e-12));
+	if (before_cooldown != RB_NO_TIME)
+		CHECK(row.adapt.cooldown_until >= before_cooldown);
+	if (obs.outcome == RB_OUTCOME_THROTTLED || obs.outcome == RB_OUTCOME_UNAVAILABLE)
 	{
-		int64_t		c = rb_clamp_cooldown(&policy, ra_seconds);
-
-		CHECK(c >= policy.min_cooldown && c <= policy.max_cooldown);
-		rb_cool_down(&row.state, &row.adapt, now + c);
 		CHECK(row.adapt.cooldown_until != RB_NO_TIME);
-		CHECK(row.adapt.cooldown_until >= now + c);
-		if (before_cooldown != RB_NO_TIME)
-			CHECK(row.adapt.cooldown_until >= before_cooldown);
+		CHECK(row.adapt.cooldown_until >= now + policy.min_cooldown);
 		CHECK(row.state.refilled_at >= row.adapt.cooldown_until ||
 			  row.adapt.cooldown_until == before_cooldown);
 	}
-	if (outcome == RB_OUTCOME_THROTTLED)
-	{
-		double		before = rb_factor_now(&row.adapt, &policy, now);
 
-		rb_lower_factor(&row.adapt, &policy,
-						before * policy.throttle_factor, now);
-		CHECK(rb_factor_now(&row.adapt, &policy, now) <= before);
+	/*
+	 * Once per congestion: a 429 that meets a cooldown still running lowers
+	 * nothing (unless the answer also publishes a lower limit); one that
+	 * does not lowers the factor to throttle_factor of what it was, or to
+	 * the floor.
+	 */
+	if (obs.outcome == RB_OUTCOME_THROTTLED &&
+		!(rl.has_limit && rl.has_window && rl.window_seconds > 0))
+	{
+		if (before_cooldown != RB_NO_TIME && before_cooldown > now)
+			CHECK(fabs(f_after - f_before) <= 1e-12 * f_before);
+		else
+			CHECK(f_after <= fmax(policy.floor_factor,
+								  f_before * policy.throttle_factor) * (1.0 + 1e-9));
 	}
 
-	rb_breaker_observe(&row.adapt, &policy, outcome, now);
+	/* the counters count the outcome */
+	CHECK(row.counters.throttles ==
+		  before_counters.throttles + (obs.outcome == RB_OUTCOME_THROTTLED));
+	CHECK(row.counters.successes ==
+		  before_counters.successes + (obs.outcome == RB_OUTCOME_SUCCESS));
+	CHECK(row.counters.failures ==
+		  before_counters.failures + (obs.outcome == RB_OUTCOME_FAILURE));
+	CHECK(row.counters.malformed_headers ==
+		  before_counters.malformed_headers + rl.malformed);
+	CHECK(row.counters.last_status == (resp.has_status ? resp.status : 0));
+	CHECK(row.counters.last_observed_at == now);
 
-	if (outcome == RB_OUTCOME_SUCCESS)
+	/* the breaker */
+	if (obs.outcome == RB_OUTCOME_SUCCESS)
 		CHECK(row.adapt.failure_run == 0);
-	else if (outcome == RB_OUTCOME_FAILURE)
+	else if (obs.outcome == RB_OUTCOME_FAILURE)
 		CHECK(row.adapt.failure_run == before_run + (before_run < INT32_MAX));
 	else
 		CHECK(row.adapt.failure_run == before_run);
@@ -499,13 +631,14 @@ step_observe(Reader *r)
 		CHECK(rb_breaker_state(&row.adapt, now) == RB_BREAKER_CLOSED);
 	else if (before_state == RB_BREAKER_CLOSED)
 	{
-		if (outcome == RB_OUTCOME_FAILURE &&
+		if (obs.outcome == RB_OUTCOME_FAILURE &&
 			row.adapt.failure_run >= policy.breaker_failures)
 		{
 			CHECK(rb_breaker_state(&row.adapt, now) == RB_BREAKER_OPEN);
 			CHECK(row.adapt.open_until - now >= policy.breaker_open);
 			CHECK(row.adapt.open_until - now <= policy.breaker_max_open);
 			CHECK(row.adapt.breaker_trips == 1);
+			CHECK(row.counters.breaker_opens == before_counters.breaker_opens + 1);
 		}
 		else
 			CHECK(rb_breaker_state(&row.adapt, now) == RB_BREAKER_CLOSED);
@@ -514,7 +647,7 @@ step_observe(Reader *r)
 			 rb_breaker_state(&row.adapt, now) != RB_BREAKER_HALF_OPEN)
 	{
 		/* only the probe's answer moves a half-open breaker */
-		if (outcome == RB_OUTCOME_FAILURE)
+		if (obs.outcome == RB_OUTCOME_FAILURE)
 		{
 			CHECK(rb_breaker_state(&row.adapt, now) == RB_BREAKER_OPEN);
 			CHECK(row.adapt.open_until - now >= policy.breaker_open);
@@ -536,31 +669,36 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	step_no = 0;
 	last_op = 0;
 
-	/* the policy, within what rb_bucket_policy can produce */
-	policy.throttle_factor = rd_bounded(&r, 0.01, 1.0);
-	policy.recovery_factor = rd_u8(&r) % 4 == 0 ? 1.0 : rd_bounded(&r, 1.0, 100.0);
-	policy.recovery_interval = (double) (1 + rd_u64(&r, 3) % 86400);
-	policy.default_cooldown = rd_usecs(&r, INT64_C(86400000000));
-	policy.min_cooldown = rd_usecs(&r, INT64_C(86400000000));
-	policy.max_cooldown = INT64_C(1000000) + rd_usecs(&r, (INT_MAX_MS - 1000) * 1000);
-	if (policy.min_cooldown > policy.max_cooldown)
-		policy.min_cooldown = policy.max_cooldown;
+	/*
+	 * The settings, within the ranges bucket/settings.c lets through, and a
+	 * configuration within what bucket_configure accepts (api/admin.c); the
+	 * policy is what rb_policy_resolve makes of them for each ceiling.
+	 */
+	settings.throttle_factor = rd_bounded(&r, 0.01, 1.0);
+	settings.recovery_factor = rd_u8(&r) % 4 == 0 ? 1.0 : rd_bounded(&r, 1.0, 100.0);
+	settings.recovery_interval_s = (int) (1 + rd_u64(&r, 3) % 86400);
+	settings.default_cooldown_ms = (int) (rd_usecs(&r, INT64_C(86400000000)) / 1000);
+	settings.min_cooldown_ms = (int) (rd_usecs(&r, INT64_C(86400000000)) / 1000);
+	settings.max_cooldown_ms = (int) (1000 + rd_usecs(&r, (INT_MAX_MS - 1000) * 1000) / 1000);
 	switch (rd_u8(&r) % 4)
 	{
 		case 0:
-			policy.breaker_failures = 0;
+			settings.breaker_failures = 0;
 			break;
 		case 1:
-			policy.breaker_failures = (int) (rd_u64(&r, 4) & 0x7fffffff);
+			settings.breaker_failures = (int) (rd_u64(&r, 3) % 1000001);
 			break;
 		default:
-			policy.breaker_failures = 1 + (int) (rd_u8(&r) % 8);
+			settings.breaker_failures = 1 + (int) (rd_u8(&r) % 8);
 			break;
 	}
-	policy.breaker_open = INT64_C(1000) + rd_usecs(&r, (INT_MAX_MS - 1) * 1000);
-	policy.breaker_max_open = INT64_C(1000) + rd_usecs(&r, (INT_MAX_MS - 1) * 1000);
-	if (policy.breaker_max_open < policy.breaker_open)
-		policy.breaker_max_open = policy.breaker_open;
+	settings.breaker_open_ms = (int) (1 + rd_usecs(&r, (INT_MAX_MS - 1) * 1000) / 1000);
+	settings.breaker_max_open_ms = (int) (1 + rd_usecs(&r, (INT_MAX_MS - 1) * 1000) / 1000);
+	settings.floor_fraction = rd_bounded(&r, 0.0001, 1.0);
+	overrides.floor_rate = rd_u8(&r) % 2 ? NAN : rd_bounded(&r, MIN_RATE, MAX_RATE);
+	overrides.throttle_factor = rd_u8(&r) % 2 ? NAN : rd_bounded(&r, nextafter(0.0, 1.0), 1.0);
+	overrides.recovery_factor = rd_u8(&r) % 2 ? NAN : rd_bounded(&r, 1.0, 100.0);
+	overrides.breaker_failures = rd_u8(&r) % 2 ? -1 : (int32_t) (rd_u64(&r, 4) & 0x7fffffff);
 
 	/* the clock: anywhere in PostgreSQL's range, usually near today */
 	if (rd_u8(&r) % 4 == 0)
@@ -575,8 +713,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	row.state.tokens = row.capacity;
 	row.state.refilled_at = now;
 	rb_adapt_init(&row.adapt);
-	row.floor_fraction = rd_bounded(&r, 0.0001, 1.0);
-	row.conf_floor_rate = rd_u8(&r) % 2 ? NAN : rd_bounded(&r, MIN_RATE, MAX_RATE);
+	row.counters.last_status = -1;
+	row.counters.last_observed_at = RB_NO_TIME;
+	set_floor(row.rate);
 	check_row(now);
 
 	steps = rd_u8(&r) % (MAX_STEPS + 1);

@@ -1,0 +1,18 @@
+/*-------------------------------------------------------------------------
+ *
+ * result.h
+ *	  The row types of the SQL functions returning a record (result.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RATEBUCKET_API_RESULT_H
+#define RATEBUCKET_API_RESULT_H
+
+#include "postgres.h"
+
+#include "access/tupdesc.h"
+#include "fmgr.h"
+
+extern TupleDesc rb_result_tupdesc(FunctionCallInfo fcinfo);
+
+#endif							/* RATEBUCKET_API_RESULT_H */

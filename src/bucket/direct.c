@@ -1,0 +1,504 @@
+/*-------------------------------------------------------------------------
+ *
+ * direct.c
+ *	  Bucket rows through the primary key index and the heap, without SQL:
+ *	  the fast path of storage.c.
+ *
+ * A take through SPI runs one or two SQL statements, and their executor
+ * start-up and shutdown cost more than the row work itself.  Here the same
+ * work is done the way the executor would do it, with nothing around it:
+ * an index scan of buckets_pkey under a fresh snapshot (as SPI takes one for
+ * each statement), table_tuple_lock as SELECT ... FOR NO KEY UPDATE locks,
+ * heap_update as UPDATE writes, and an index entry when the update is not
+ * HOT.  So MVCC, row locks, READ COMMITTED's re-read of the newest version,
+ * REPEATABLE READ's serialization failures, SSI's predicate locks and WAL
+ * are PostgreSQL's own.
+ *
+ * It is used only for a table shaped as the extension created it: a heap
+ * table with no triggers (a foreign key to it adds some), no rules, no row
+ * security, no inheritance children, and one index, the btree primary key
+ * on endpoint; every column the C code knows present with its type.  Anything else (and ratebucket.direct_access = off,
+ * which a distributed table needs) leaves all access to SPI, which handles
+ * whatever the table has become.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/relscan.h"
+#include "access/stratnum.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/catalog.h"
+#include "catalog/index.h"
+#include "catalog/pg_am.h"
+#include "executor/tuptable.h"
+#include "miscadmin.h"
+#include "nodes/execnodes.h"
+#include "parser/parse_relation.h"
+#include "storage/bufmgr.h"
+#include "storage/lmgr.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "bucket/direct.h"
+#include "bucket/settings.h"
+
+/* What we know of the table, until the relcache says otherwise. */
+typedef enum RbDirectShape
+{
+	RB_SHAPE_UNKNOWN,
+	RB_SHAPE_USABLE,
+	RB_SHAPE_UNUSABLE
+} RbDirectShape;
+
+static RbDirectShape shape = RB_SHAPE_UNKNOWN;
+static Oid	shape_relid = InvalidOid;
+static Oid	shape_indexid = InvalidOid;
+static AttrNumber shape_endpoint_attno;
+static int	shape_ncolumns;
+static int	shape_attnums[RB_DIRECT_MAX_COLUMNS];
+
+/* The relations opened by rb_direct_begin, and the rows read since. */
+static Relation heap_rel = NULL;
+static Relation index_rel = NULL;
+static bool peek_session = false;	/* opened with AccessShareLock */
+static MemoryContext direct_cxt = NULL;
+
+/*
+ * Rows read by rb_direct_find, as they were read: rb_direct_update writes
+ * the bucket's columns over a copy of its row, so that a column the C code
+ * does not know keeps its value.  bucket_take_all reads up to 64 rows.
+ */
+typedef struct RbReadRow
+{
+	ItemPointerData tid;
+	HeapTuple	tuple;
+} RbReadRow;
+
+static RbReadRow *read_rows = NULL;
+static int	read_count = 0;
+static int	read_size = 0;
+
+/* Forget the shape when the table's (or any) relcache entry goes. */
+static void
+rb_direct_relcache_callback(Datum arg pg_attribute_unused(), Oid relid)
+{
+	if (relid == InvalidOid || relid == shape_relid || relid == shape_indexid)
+	{
+		shape = RB_SHAPE_UNKNOWN;
+		shape_relid = InvalidOid;
+		shape_indexid = InvalidOid;
+	}
+}
+
+/* rb_direct_init: called once from rb_storage_init. */
+void
+rb_direct_init(void)
+{
+	direct_cxt = AllocSetContextCreate(TopMemoryContext, "ratebucket direct",
+									   ALLOCSET_SMALL_SIZES);
+	CacheRegisterRelcacheCallback(rb_direct_relcache_callback, (Datum) 0);
+}
+
+/*
+ * rb_direct_check_shape
+ *		Is the open table as the extension made it?  Records the index and
+ *		the column numbers if so.
+ */
+static RbDirectShape
+rb_direct_check_shape(Relation rel, const RbDirectColumn *columns, int ncolumns)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	List	   *indexes;
+	Relation	irel;
+	bool		ok;
+	int			i;
+
+	if (rel->rd_rel->relkind != RELKIND_RELATION ||
+		rel->rd_rel->relam != HEAP_TABLE_AM_OID ||
+		rel->trigdesc != NULL ||
+		rel->rd_rules != NULL ||
+		rel->rd_rel->relrowsecurity ||
+		rel->rd_rel->relhassubclass ||
+		ncolumns > RB_DIRECT_MAX_COLUMNS)
+		return RB_SHAPE_UNUSABLE;
+
+	shape_endpoint_attno = attnameAttNum(rel, "endpoint", false);
+	if (shape_endpoint_attno <= 0 ||
+		TupleDescAttr(desc, shape_endpoint_attno - 1)->atttypid != TEXTOID)
+		return RB_SHAPE_UNUSABLE;
+	for (i = 0; i < ncolumns; i++)
+	{
+		int			attno = attnameAttNum(rel, columns[i].name, false);
+
+		if (attno <= 0 || TupleDescAttr(desc, attno - 1)->atttypid != columns[i].type)
+			return RB_SHAPE_UNUSABLE;
+		shape_attnums[i] = attno;
+	}
+	shape_ncolumns = ncolumns;
+
+	indexes = RelationGetIndexList(rel);
+	ok = list_length(indexes) == 1 && linitial_oid(indexes) == rel->rd_pkindex;
+	list_free(indexes);
+	if (!ok)
+		return RB_SHAPE_UNUSABLE;
+
+	irel = index_open(rel->rd_pkindex, AccessShareLock);
+	ok = irel->rd_rel->relam == BTREE_AM_OID &&
+		irel->rd_index->indnatts == 1 &&
+		irel->rd_index->indkey.values[0] == shape_endpoint_attno &&
+		heap_attisnull(irel->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
+		heap_attisnull(irel->rd_indextuple, Anum_pg_index_indpred, NULL) &&
+		irel->rd_index->indisvalid && irel->rd_index->indisready;
+	shape_indexid = RelationGetRelid(irel);
+	index_close(irel, AccessShareLock);
+	return ok ? RB_SHAPE_USABLE : RB_SHAPE_UNUSABLE;
+}
+
+/*
+ * rb_direct_begin
+ *		Open the table (relid, found by the caller through the extension's
+ *		schema) and its index for direct access, if the setting allows it
+ *		and the table's shape does.  Returns false, opening nothing, if not.
+ *		peek_only: only rb_direct_find(RB_DIRECT_PEEK) follows, and the
+ *		relations get the lock a SELECT takes, as the SPI peek does.
+ */
+bool
+rb_direct_begin(Oid relid, const RbDirectColumn *columns, int ncolumns,
+				bool peek_only)
+{
+	Relation	rel;
+	LOCKMODE	lockmode;
+
+	if (!rb_direct_access)
+		return false;
+	if (shape != RB_SHAPE_UNKNOWN && shape_relid != relid)
+		shape = RB_SHAPE_UNKNOWN;
+	if (shape == RB_SHAPE_UNUSABLE)
+		return false;
+
+	/*
+	 * The lock UPDATE takes, or the one SELECT takes for a peek (and in a
+	 * read-only transaction, as on a standby, where a peek is all that can
+	 * succeed); opening also makes the relcache entry current.
+	 */
+	peek_session = peek_only || XactReadOnly;
+	lockmode = peek_session ? AccessShareLock : RowExclusiveLock;
+	rel = table_open(relid, lockmode);
+	if (shape == RB_SHAPE_UNKNOWN)
+	{
+		RbDirectShape s = rb_direct_check_shape(rel, columns, ncolumns);
+
+		shape_relid = relid;
+		shape = s;
+	}
+	if (shape != RB_SHAPE_USABLE)
+	{
+		table_close(rel, NoLock);
+		return false;
+	}
+	heap_rel = rel;
+	index_rel = index_open(shape_indexid, lockmode);
+	MemoryContextReset(direct_cxt);
+	read_rows = NULL;
+	read_count = read_size = 0;
+	return true;
+}
+
+/* rb_direct_end: close what rb_direct_begin opened (locks are kept). */
+void
+rb_direct_end(void)
+{
+	if (index_rel != NULL)
+		index_close(index_rel, NoLock);
+	if (heap_rel != NULL)
+		table_close(heap_rel, NoLock);
+	index_rel = NULL;
+	heap_rel = NULL;
+	MemoryContextReset(direct_cxt);
+	read_rows = NULL;
+	read_count = read_size = 0;
+}
+
+/* Remember a row as read, for rb_direct_update. */
+static void
+rb_direct_remember(TupleTableSlot *slot)
+{
+	MemoryContext oldcxt = MemoryContextSwitchTo(direct_cxt);
+	int			i;
+
+	for (i = 0; i < read_count; i++)
+		if (ItemPointerEquals(&read_rows[i].tid, &slot->tts_tid))
+			break;
+	if (i == read_count)
+	{
+		if (read_count == read_size)
+		{
+			read_size = read_size == 0 ? 4 : read_size * 2;
+			read_rows = read_rows == NULL ?
+				palloc(sizeof(RbReadRow) * read_size) :
+				repalloc(read_rows, sizeof(RbReadRow) * read_size);
+		}
+		read_count++;
+	}
+	else
+		heap_freetuple(read_rows[i].tuple);
+	read_rows[i].tid = slot->tts_tid;
+	read_rows[i].tuple = ExecCopySlotHeapTuple(slot);
+	MemoryContextSwitchTo(oldcxt);
+}
+
+/* Hand the row in a slot to the caller, column by column. */
+static void
+rb_direct_deliver(TupleTableSlot *slot, ItemPointer tid, Datum *values,
+				  bool *nulls)
+{
+	int			i;
+
+	slot_getallattrs(slot);
+	for (i = 0; i < shape_ncolumns; i++)
+	{
+		values[i] = slot->tts_values[shape_attnums[i] - 1];
+		nulls[i] = slot->tts_isnull[shape_attnums[i] - 1];
+	}
+	*tid = slot->tts_tid;
+	rb_direct_remember(slot);
+}
+
+/*
+ * Lock the row an index scan found in "slot" (seen through "snapshot"):
+ * RB_FOUND with the slot holding the locked version, RB_LOCKED if another
+ * transaction holds it and mode is RB_DIRECT_LOCK_SKIP, RB_NOT_FOUND if it
+ * was deleted meanwhile.
+ */
+static RbFindResult
+rb_direct_lock_slot(TupleTableSlot *slot, Snapshot snapshot, RbDirectMode mode)
+{
+	RbFindResult found = RB_FOUND;
+	ItemPointerData locktid = slot->tts_tid;
+	TM_FailureData tmfd;
+	TM_Result	res;
+	int			flags = 0;
+
+	if (peek_session)
+	{
+		PreventCommandIfReadOnly("SELECT FOR NO KEY UPDATE");
+		elog(ERROR, "a bucket row cannot be locked in a session opened to peek");
+	}
+
+	if (!IsolationUsesXactSnapshot())
+		flags |= TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	res = table_tuple_lock(heap_rel, &locktid, snapshot, slot,
+						   GetCurrentCommandId(true),
+						   LockTupleNoKeyExclusive,
+						   mode == RB_DIRECT_LOCK_SKIP ? LockWaitSkip : LockWaitBlock,
+						   flags, &tmfd);
+	switch (res)
+	{
+		case TM_Ok:
+			break;
+		case TM_WouldBlock:
+			found = RB_LOCKED;
+			break;
+		case TM_Updated:
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent update")));
+			elog(ERROR, "unexpected table_tuple_lock status: %u", res);
+			break;
+		case TM_Deleted:
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent delete")));
+			found = RB_NOT_FOUND;
+			break;
+		case TM_SelfModified:
+		case TM_Invisible:
+		default:
+			elog(ERROR, "unexpected table_tuple_lock status: %u", res);
+			break;
+	}
+	return found;
+}
+
+/*
+ * rb_direct_find
+ *		Find the endpoint's row and, as "mode" asks, lock it: the work of
+ *		one SELECT ... WHERE endpoint = $1 [FOR NO KEY UPDATE [SKIP LOCKED]].
+ *		Returns RB_FOUND with the row's columns (in the order given to
+ *		rb_direct_begin) in values/nulls, its position in *tid, or
+ *		RB_NOT_FOUND, or RB_LOCKED (RB_DIRECT_LOCK_SKIP only).
+ *
+ * The snapshot is taken as SPI takes one for a statement: a fresh one under
+ * READ COMMITTED, the transaction's otherwise, after making the
+ * transaction's own earlier writes visible.  Under READ COMMITTED a lock
+ * that waited for a holder who then updated the row locks and returns the
+ * newest version; under REPEATABLE READ that is a serialization failure.
+ * A row deleted meanwhile is not found (or, under REPEATABLE READ, the same
+ * failure).  Values point into memory valid until rb_direct_end; the
+ * caller copies what it keeps.
+ */
+RbFindResult
+rb_direct_find(text *endpoint, RbDirectMode mode, ItemPointer tid,
+			   Datum *values, bool *nulls)
+{
+	Snapshot	snapshot;
+	IndexScanDesc scan;
+	ScanKeyData key;
+	TupleTableSlot *slot;
+	MemoryContext oldcxt;
+	RbFindResult found = RB_NOT_FOUND;
+
+	Assert(heap_rel != NULL);
+
+	CommandCounterIncrement();
+	PushCopiedSnapshot(GetTransactionSnapshot());
+	UpdateActiveSnapshotCommandId();
+	snapshot = GetActiveSnapshot();
+
+	oldcxt = MemoryContextSwitchTo(direct_cxt);
+	slot = table_slot_create(heap_rel, NULL);
+	ScanKeyEntryInitialize(&key, 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   index_rel->rd_indcollation[0], F_TEXTEQ,
+						   PointerGetDatum(endpoint));
+#if PG_VERSION_NUM >= 180000
+	scan = index_beginscan(heap_rel, index_rel, snapshot, NULL, 1, 0);
+#else
+	scan = index_beginscan(heap_rel, index_rel, snapshot, 1, 0);
+#endif
+	index_rescan(scan, &key, 1, NULL, 0);
+	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+		found = RB_FOUND;
+	index_endscan(scan);
+
+	if (found == RB_FOUND && mode != RB_DIRECT_PEEK)
+		found = rb_direct_lock_slot(slot, snapshot, mode);
+
+	if (found == RB_FOUND)
+		rb_direct_deliver(slot, tid, values, nulls);
+	ExecDropSingleTupleTableSlot(slot);
+	MemoryContextSwitchTo(oldcxt);
+	PopActiveSnapshot();
+	return found;
+}
+
+/*
+ * A new version of a row, written by rb_direct_update: a HOT update needs
+ * no index entry; any other needs the key's.
+ */
+static void
+rb_direct_index_version(HeapTuple newtup)
+{
+	IndexInfo  *info;
+	Datum		keyval[1];
+	bool		keynull[1];
+
+	if (HeapTupleIsHeapOnly(newtup))
+		return;
+	info = BuildIndexInfo(index_rel);
+	keyval[0] = heap_getattr(newtup, shape_endpoint_attno,
+							 RelationGetDescr(heap_rel), &keynull[0]);
+	index_insert(index_rel, keyval, keynull, &newtup->t_self, heap_rel,
+				 UNIQUE_CHECK_YES, true, info);
+}
+
+/* The new version is the one a later update in this call writes over. */
+static void
+rb_direct_replace_read(ItemPointer tid, HeapTuple newtup)
+{
+	int			i;
+
+	for (i = 0; i < read_count; i++)
+		if (ItemPointerEquals(&read_rows[i].tid, tid))
+		{
+			heap_freetuple(read_rows[i].tuple);
+			read_rows[i].tuple = newtup;
+			read_rows[i].tid = newtup->t_self;
+			break;
+		}
+}
+
+/*
+ * rb_direct_update
+ *		Write the row read at *tid (by rb_direct_find) with new values for
+ *		the known columns, as UPDATE would.
+ *
+ * With wait, the row must be ours to write (locked by rb_direct_find, or by
+ * this transaction otherwise): anything else is an error.  Without, the
+ * write happens only if no other transaction has touched the row since it
+ * was read, nor holds a lock on it now; otherwise nothing is written and
+ * false comes back.  On success *tid is the new version's position.
+ */
+bool
+rb_direct_update(ItemPointer tid, const Datum *values, const bool *nulls,
+				 bool wait)
+{
+	HeapTuple	oldtup = NULL;
+	HeapTuple	newtup;
+	TM_FailureData tmfd;
+	TM_Result	res;
+	LockTupleMode lockmode;
+	MemoryContext oldcxt;
+	int			i;
+
+	Assert(heap_rel != NULL);
+	for (i = 0; i < read_count; i++)
+		if (ItemPointerEquals(&read_rows[i].tid, tid))
+			oldtup = read_rows[i].tuple;
+	if (oldtup == NULL)
+		elog(ERROR, "bucket row to update was not read first");
+
+	PreventCommandIfReadOnly("UPDATE");
+	PreventCommandIfParallelMode("UPDATE");
+	if (peek_session)
+		elog(ERROR, "a bucket row cannot be written in a session opened to peek");
+
+	oldcxt = MemoryContextSwitchTo(direct_cxt);
+	newtup = heap_modify_tuple_by_cols(oldtup, RelationGetDescr(heap_rel),
+									   shape_ncolumns, shape_attnums,
+									   (Datum *) values, (bool *) nulls);
+	{
+#if PG_VERSION_NUM >= 160000
+		TU_UpdateIndexes update_indexes;
+
+		res = heap_update(heap_rel, tid, newtup, GetCurrentCommandId(true),
+						  InvalidSnapshot, wait, &tmfd, &lockmode,
+						  &update_indexes);
+#else
+		res = heap_update(heap_rel, tid, newtup, GetCurrentCommandId(true),
+						  InvalidSnapshot, wait, &tmfd, &lockmode);
+#endif
+	}
+	if (res != TM_Ok)
+	{
+		MemoryContextSwitchTo(oldcxt);
+		if (!wait && (res == TM_BeingModified || res == TM_Updated ||
+					  res == TM_Deleted))
+			return false;
+		if (res == TM_Updated || res == TM_Deleted)
+		{
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent update")));
+		}
+		elog(ERROR, "bucket row could not be updated at its locked position (status %u)",
+			 res);
+	}
+
+	rb_direct_index_version(newtup);
+	rb_direct_replace_read(tid, newtup);
+	*tid = newtup->t_self;
+	MemoryContextSwitchTo(oldcxt);
+	return true;
+}

@@ -1,0 +1,496 @@
+/*-------------------------------------------------------------------------
+ *
+ * adapt.c
+ *	  Learning from destinations: outcomes, cooldowns, the effective rate,
+ *	  pause, and the circuit breaker, as pure functions of the stored state,
+ *	  the policy and the clock.
+ *
+ * Nothing here needs a background job: the effective rate recovers as a
+ * function of time, computed whenever the row is read, and the breaker's
+ * half-open state is simply "open_until has passed".
+ *
+ * A cooldown empties the bucket and moves its refill time to the end of the
+ * cooldown.  The arithmetic of arith.c then does the rest: nothing refills
+ * before that time, wait_seconds reaches past it, and when it ends the
+ * destination receives a trickle at the effective rate, not a full burst.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include <math.h>
+
+#include "core/adapt.h"
+
+/* rb_adapt_init: the state of a bucket nobody has heard from. */
+void
+rb_adapt_init(RbAdapt *adapt)
+{
+	adapt->rate_factor = 1.0;
+	adapt->factor_at = RB_NO_TIME;
+	adapt->cooldown_until = RB_NO_TIME;
+	adapt->at_floor_since = RB_NO_TIME;
+	adapt->paused_until = RB_NO_TIME;
+	adapt->failure_run = 0;
+	adapt->breaker_trips = 0;
+	adapt->open_until = RB_NO_TIME;
+	adapt->probe_at = RB_NO_TIME;
+}
+
+/*
+ * rb_classify
+ *		What a delivery's outcome means.  has_status false (SQL NULL) and a
+ *		status of 0 both stand for "no response": a connection failure or a
+ *		timeout.
+ */
+RbOutcome
+rb_classify(int status, bool has_status, bool has_retry_after)
+{
+	if (!has_status || status == 0)
+		return RB_OUTCOME_FAILURE;
+	if (status >= 200 && status <= 299)
+		return RB_OUTCOME_SUCCESS;
+	if (status == 429)
+		return RB_OUTCOME_THROTTLED;
+	if (status == 503 && has_retry_after)
+		return RB_OUTCOME_UNAVAILABLE;
+	if (status == 408 || (status >= 500 && status <= 599))
+		return RB_OUTCOME_FAILURE;
+	return RB_OUTCOME_NEUTRAL;
+}
+
+/* rb_outcome_name: the outcome as bucket_observe reports it. */
+const char *
+rb_outcome_name(RbOutcome outcome)
+{
+	switch (outcome)
+	{
+		case RB_OUTCOME_SUCCESS:
+			return "success";
+		case RB_OUTCOME_THROTTLED:
+			return "throttled";
+		case RB_OUTCOME_UNAVAILABLE:
+			return "unavailable";
+		case RB_OUTCOME_FAILURE:
+			return "failure";
+		case RB_OUTCOME_NEUTRAL:
+			break;
+	}
+	return "neutral";
+}
+
+static int64_t
+rb_max_time(int64_t a, int64_t b)
+{
+	return a > b ? a : b;
+}
+
+/*
+ * rb_factor_now
+ *		The rate factor at "now": the stored factor, held while a cooldown
+ *		lasts, then growing by recovery_factor per recovery_interval, never
+ *		above 1 and never below the floor.
+ */
+double
+rb_factor_now(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	double		f = adapt->rate_factor;
+	int64_t		start = rb_max_time(adapt->factor_at, adapt->cooldown_until);
+
+	if (f >= 1.0)
+		return 1.0;
+	if (start != RB_NO_TIME && now > start && policy->recovery_factor > 1.0)
+	{
+		double		periods = ((double) now - (double) start) /
+			RB_USECS_PER_SEC / policy->recovery_interval;
+
+		f *= pow(policy->recovery_factor, periods);
+	}
+	if (!(f <= 1.0))			/* also an overflow to Inf */
+		f = 1.0;
+	if (f < policy->floor_factor)
+		f = policy->floor_factor;
+	return f;
+}
+
+/* rb_at_floor: is the effective rate at its floor now? */
+bool
+rb_at_floor(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	return adapt->at_floor_since != RB_NO_TIME &&
+		policy->floor_factor < 1.0 &&
+		rb_factor_now(adapt, policy, now) <= policy->floor_factor;
+}
+
+/* rb_breaker_state: closed, open, or half-open (open period over). */
+RbBreakerState
+rb_breaker_state(const RbAdapt *adapt, int64_t now)
+{
+	if (adapt->open_until == RB_NO_TIME)
+		return RB_BREAKER_CLOSED;
+	if (now < adapt->open_until)
+		return RB_BREAKER_OPEN;
+	return RB_BREAKER_HALF_OPEN;
+}
+
+const char *
+rb_breaker_name(RbBreakerState state)
+{
+	switch (state)
+	{
+		case RB_BREAKER_OPEN:
+			return "open";
+		case RB_BREAKER_HALF_OPEN:
+			return "half-open";
+		case RB_BREAKER_CLOSED:
+			break;
+	}
+	return "closed";
+}
+
+/*
+ * rb_gate
+ *		Is the take refused whatever the tokens?  Sets *until to when that
+ *		ends (for wait_seconds).
+ *
+ * Half-open lets one probe through: a take that finds no probe out (or one
+ * sent longer than a first open period ago, whose worker may have died) may
+ * be the probe; every other take waits for the probe's outcome.
+ */
+RbGateReason
+rb_gate(const RbAdapt *adapt, const RbPolicy *policy, int64_t now,
+		int64_t *until)
+{
+	*until = now;
+	if (adapt->paused_until != RB_NO_TIME && now < adapt->paused_until)
+	{
+		*until = adapt->paused_until;
+		return RB_GATE_PAUSED;
+	}
+	switch (rb_breaker_state(adapt, now))
+	{
+		case RB_BREAKER_OPEN:
+			*until = adapt->open_until;
+			return RB_GATE_BREAKER_OPEN;
+		case RB_BREAKER_HALF_OPEN:
+			/* (a clock that stepped back before probe_at: still in flight) */
+			if (adapt->probe_at != RB_NO_TIME &&
+				(now < adapt->probe_at ||
+				 now - adapt->probe_at < policy->breaker_open))
+			{
+				*until = rb_max_time(adapt->probe_at, now) + policy->breaker_open;
+				return RB_GATE_PROBE_IN_FLIGHT;
+			}
+			break;
+		case RB_BREAKER_CLOSED:
+			break;
+	}
+	if (adapt->cooldown_until != RB_NO_TIME && now < adapt->cooldown_until)
+	{
+		*until = adapt->cooldown_until;
+		return RB_GATE_COOLDOWN;
+	}
+	if (rb_breaker_state(adapt, now) == RB_BREAKER_HALF_OPEN)
+		return RB_GATE_PROBE;
+	return RB_GATE_OPEN;
+}
+
+/*
+ * rb_clamp_cooldown
+ *		A cooldown of "seconds" (NaN: none was given), clamped to the policy:
+ *		none given means the default; a past date or a tiny delay means the
+ *		minimum; nothing is longer than the maximum.  Returns microseconds.
+ */
+int64_t
+rb_clamp_cooldown(const RbPolicy *policy, double seconds)
+{
+	double		usecs;
+
+	if (isnan(seconds))
+		usecs = (double) policy->default_cooldown;
+	else
+		usecs = seconds * RB_USECS_PER_SEC;
+	if (usecs < (double) policy->min_cooldown)
+		return policy->min_cooldown;
+	if (usecs > (double) policy->max_cooldown)
+		return policy->max_cooldown;
+	return (int64_t) ceil(usecs);
+}
+
+/*
+ * rb_cool_down
+ *		Refuse takes until "until": empty the bucket and start its refill
+ *		then.  A shorter cooldown never cuts a longer one short.
+ */
+void
+rb_cool_down(RbState *state, RbAdapt *adapt, int64_t until)
+{
+	if (adapt->cooldown_until != RB_NO_TIME && adapt->cooldown_until >= until)
+		return;
+	adapt->cooldown_until = until;
+	state->tokens = 0.0;
+	if (until > state->refilled_at)
+		state->refilled_at = until;
+}
+
+/*
+ * rb_bank_factor
+ *		Store the factor as it is now, so that what changes next (a new
+ *		cooldown, from which recovery is measured) cannot take back the
+ *		recovery already earned.
+ */
+void
+rb_bank_factor(RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	double		f;
+
+	if (adapt->rate_factor >= 1.0)
+		return;
+	f = rb_factor_now(adapt, policy, now);
+	if (f >= 1.0)
+	{
+		adapt->rate_factor = 1.0;
+		adapt->factor_at = RB_NO_TIME;
+	}
+	else if (adapt->factor_at == RB_NO_TIME || now > adapt->factor_at)
+	{
+		adapt->rate_factor = f;
+		adapt->factor_at = now;
+	}
+}
+
+/*
+ * rb_lower_factor
+ *		Bring the rate factor down to "factor" (of the ceiling) if that is
+ *		lower than it is now, never below the floor.  Recovery then starts
+ *		afresh from here.
+ */
+void
+rb_lower_factor(RbAdapt *adapt, const RbPolicy *policy, double factor,
+				int64_t now)
+{
+	double		current = rb_factor_now(adapt, policy, now);
+
+	if (isnan(factor) || factor >= current)
+		return;
+	if (factor <= policy->floor_factor)
+	{
+		factor = policy->floor_factor;
+		if (!rb_at_floor(adapt, policy, now))
+			adapt->at_floor_since = now;
+	}
+	adapt->rate_factor = factor;
+	adapt->factor_at = now;
+}
+
+/* How long the breaker stays open on its n-th trip in a row. */
+static int64_t
+rb_open_period(const RbPolicy *policy, int trips)
+{
+	double		period = (double) policy->breaker_open;
+
+	while (--trips > 0 && period < (double) policy->breaker_max_open)
+		period *= 2.0;
+	if (period > (double) policy->breaker_max_open)
+		period = (double) policy->breaker_max_open;
+	return (int64_t) period;
+}
+
+/*
+ * rb_breaker_observe
+ *		The circuit breaker's transitions.  Closed: a run of breaker_failures
+ *		consecutive failures opens it.  Open: outcomes change nothing (they
+ *		answer requests sent before it opened).  Half-open: only once the
+ *		probe is out does an outcome count, as the probe's: a failure reopens
+ *		the breaker for twice as long, up to the maximum; any answer that is
+ *		not a failure (even a 429 or a 404: the destination is up) closes it.
+ *		A success anywhere ends a run of failures.  With breaker_failures 0
+ *		the breaker is disabled, and one left open is closed.
+ */
+void
+rb_breaker_observe(RbAdapt *adapt, const RbPolicy *policy, RbOutcome outcome,
+				   int64_t now)
+{
+	RbBreakerState state = rb_breaker_state(adapt, now);
+
+	if (outcome == RB_OUTCOME_SUCCESS)
+		adapt->failure_run = 0;
+	else if (outcome == RB_OUTCOME_FAILURE && adapt->failure_run < INT32_MAX)
+		adapt->failure_run++;
+
+	if (policy->breaker_failures <= 0)
+	{
+		adapt->open_until = RB_NO_TIME;
+		adapt->probe_at = RB_NO_TIME;
+		adapt->breaker_trips = 0;
+		return;
+	}
+
+	switch (state)
+	{
+		case RB_BREAKER_OPEN:
+			return;
+		case RB_BREAKER_HALF_OPEN:
+			if (adapt->probe_at == RB_NO_TIME)
+				return;			/* not the probe's answer */
+			if (outcome == RB_OUTCOME_FAILURE)
+				break;			/* reopen, below */
+			adapt->open_until = RB_NO_TIME;
+			adapt->probe_at = RB_NO_TIME;
+			adapt->breaker_trips = 0;
+			return;
+		case RB_BREAKER_CLOSED:
+			if (outcome != RB_OUTCOME_FAILURE ||
+				adapt->failure_run < policy->breaker_failures)
+				return;
+			break;
+	}
+	if (adapt->breaker_trips < INT32_MAX)
+		adapt->breaker_trips++;
+	adapt->open_until = now + rb_open_period(policy, adapt->breaker_trips);
+	adapt->probe_at = RB_NO_TIME;
+}
+
+/*
+ * rb_decide_take
+ *		Decide a take of "want" at "now" with the take's limits (rate,
+ *		capacity), for a bucket whose row stores state, adapt, and the limits
+ *		of its last write (stored_rate, stored_capacity): first what stops
+ *		any take (a pause, an open breaker, a probe already out), then the
+ *		tokens at the effective rate.
+ *
+ * Updates state and adapt in place and sets *write when the row must be
+ * written back: a grant, or limits that changed.  When the limits change,
+ * the time since the row's refill is first banked at the stored limits, so
+ * that new limits apply from now on and not backwards; that banking is
+ * written even if the take is refused, so that the next take (and the wait
+ * returned now) refill from the same state.  A refusal with unchanged limits
+ * writes nothing: its refill is a function of time alone.
+ */
+RbTakeResult
+rb_decide_take(RbState *state, RbAdapt *adapt, const RbPolicy *policy,
+			   double stored_rate, double stored_capacity,
+			   double rate, double capacity, double want, int64_t now,
+			   bool *write)
+{
+	RbTakeResult result;
+	RbGateReason gate;
+	int64_t		until;
+	double		factor = rb_factor_now(adapt, policy, now);
+
+	*write = false;
+	gate = rb_gate(adapt, policy, now, &until);
+	if (gate == RB_GATE_PAUSED || gate == RB_GATE_BREAKER_OPEN ||
+		gate == RB_GATE_PROBE_IN_FLIGHT)
+	{
+		double		wait = ((double) until - (double) now) / RB_USECS_PER_SEC;
+
+		/* an open-ended pause: look again after the longest cooldown */
+		if (gate == RB_GATE_PAUSED && until == RB_FOREVER)
+			wait = (double) policy->max_cooldown / RB_USECS_PER_SEC;
+		result.allowed = false;
+		result.remaining = rb_refill(state->tokens, rate * factor, capacity,
+									 state->refilled_at, now);
+		result.wait_seconds = wait;
+		return result;
+	}
+
+	if (stored_rate != rate || stored_capacity != capacity)
+	{
+		rb_advance(state, stored_rate * factor, stored_capacity, now);
+		*write = true;
+	}
+
+	result = rb_take(state, rate * factor, capacity, want, now);
+	if (result.allowed)
+	{
+		*write = true;
+		if (gate == RB_GATE_PROBE)
+			adapt->probe_at = now;
+	}
+	return result;
+}
+
+/*
+ * rb_decide_take_upto
+ *		rb_decide_take for as many whole tokens as the bucket grants now, up
+ *		to max_want: at most one while a half-open breaker waits for its
+ *		probe.  Sets *granted (0 for a refusal).  When fewer than max_want
+ *		were granted, wait_seconds is the time until the next one could be
+ *		(what a take of one would be told next); otherwise 0.
+ *
+ * The count comes from a dry run on copies; the take itself is then one
+ * rb_decide_take, so it writes and banks exactly as a take of that many
+ * tokens would.
+ */
+RbTakeResult
+rb_decide_take_upto(RbState *state, RbAdapt *adapt, const RbPolicy *policy,
+					double stored_rate, double stored_capacity,
+					double rate, double capacity, int64_t max_want,
+					int64_t now, bool *write, int64_t *granted)
+{
+	RbState		trial_state = *state;
+	RbAdapt		trial_adapt = *adapt;
+	RbTakeResult result;
+	int64_t		until;
+	int64_t		n;
+	bool		trial_write;
+
+	*granted = 0;
+
+	/* a take of one: if even that is refused, so is this take */
+	result = rb_decide_take(&trial_state, &trial_adapt, policy,
+							stored_rate, stored_capacity, rate, capacity,
+							1.0, now, &trial_write);
+	if (!result.allowed || max_want <= 1 ||
+		rb_gate(adapt, policy, now, &until) == RB_GATE_PROBE)
+		n = 1;
+	else if (result.remaining >= (double) (max_want - 1))
+		n = max_want;
+	else
+		n = 1 + (int64_t) floor(result.remaining);
+
+	/*
+	 * The take itself.  Should rounding refuse a count the dry run allowed,
+	 * try one fewer: a refusal changes nothing that matters here (at most
+	 * the banking of changed limits, which is idempotent at one clock).
+	 */
+	for (;;)
+	{
+		result = rb_decide_take(state, adapt, policy,
+								stored_rate, stored_capacity, rate, capacity,
+								(double) n, now, write);
+		if (result.allowed || n == 1)
+			break;
+		n--;
+	}
+	if (!result.allowed)
+		return result;
+	*granted = n;
+
+	if (n < max_want)
+	{
+		/* the next token: ask a take of one from the state just left */
+		RbTakeResult next;
+
+		trial_state = *state;
+		trial_adapt = *adapt;
+		next = rb_decide_take(&trial_state, &trial_adapt, policy,
+							  rate, capacity, rate, capacity,
+							  1.0, now, &trial_write);
+		result.wait_seconds = next.allowed ? 0.0 : next.wait_seconds;
+	}
+	return result;
+}
+
+/*
+ * rb_adapt_is_idle
+ *		Does the state say nothing a fresh bucket would not?  (For expiry.)
+ */
+bool
+rb_adapt_is_idle(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	return rb_factor_now(adapt, policy, now) >= 1.0 &&
+		(adapt->cooldown_until == RB_NO_TIME || adapt->cooldown_until <= now) &&
+		(adapt->paused_until == RB_NO_TIME || adapt->paused_until <= now) &&
+		adapt->open_until == RB_NO_TIME &&
+		adapt->failure_run == 0;
+}

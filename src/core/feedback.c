@@ -1,0 +1,287 @@
+/*-------------------------------------------------------------------------
+ *
+ * feedback.c
+ *	  The feedback policy: the settings in force for a bucket, and what a
+ *	  destination's answer does to the bucket (bucket_observe's decision),
+ *	  as pure functions of the row's state, the answer and the clock.
+ *
+ * The outcome table (doc/feedback.md):
+ *	  2xx						success: ends a run of failures, closes a
+ *								half-open breaker
+ *	  429						throttled: a cooldown (Retry-After, else a
+ *								rate-limit reset, else the default) and the
+ *								effective rate times throttle_factor, never
+ *								below the floor
+ *	  503 with Retry-After		unavailable: a cooldown
+ *	  5xx, 408, 0 or NULL		failure: counts toward the breaker
+ *	  anything else				neutral: the request's own fault
+ * Whatever the status, rate-limit headers apply: remaining 0 means a
+ * cooldown until the reset, and a published limit below the rate lowers the
+ * effective rate.  A malformed header is the destination's fault, not the
+ * caller's: it is counted and ignored (a 429 then gets the default
+ * cooldown).
+ * A calendar quota takes cooldowns, pauses and the breaker (they refuse
+ * its takes without spending its quota), but no rate adaptation: it has no
+ * rate, and its count is the provider's own.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include <math.h>
+
+#include "core/feedback.h"
+
+/*
+ * rb_policy_resolve
+ *		The policy in force for a bucket whose ceiling (the rate its takes
+ *		use) is "ceiling": the settings, overridden by the bucket's own
+ *		configuration, with times in microseconds and the bounds made
+ *		consistent (a minimum above the maximum is the maximum).
+ */
+void
+rb_policy_resolve(const RbSettings *settings, const RbOverrides *overrides,
+				  double ceiling, RbPolicy *policy)
+{
+	policy->throttle_factor = isnan(overrides->throttle_factor) ?
+		settings->throttle_factor : overrides->throttle_factor;
+	if (isnan(overrides->floor_rate))
+		policy->floor_factor = settings->floor_fraction;
+	else
+	{
+		double		f = overrides->floor_rate / ceiling;
+
+		policy->floor_factor = 1.0 < f ? 1.0 : f;
+	}
+	policy->recovery_factor = isnan(overrides->recovery_factor) ?
+		settings->recovery_factor : overrides->recovery_factor;
+	policy->recovery_interval = settings->recovery_interval_s;
+	policy->default_cooldown = (int64_t) settings->default_cooldown_ms * 1000;
+	policy->min_cooldown = (int64_t) settings->min_cooldown_ms * 1000;
+	policy->max_cooldown = (int64_t) settings->max_cooldown_ms * 1000;
+	if (policy->min_cooldown > policy->max_cooldown)
+		policy->min_cooldown = policy->max_cooldown;
+	policy->breaker_failures = overrides->breaker_failures >= 0 ?
+		overrides->breaker_failures : settings->breaker_failures;
+	policy->breaker_open = (int64_t) settings->breaker_open_ms * 1000;
+	policy->breaker_max_open = (int64_t) settings->breaker_max_open_ms * 1000;
+	if (policy->breaker_max_open < policy->breaker_open)
+		policy->breaker_max_open = policy->breaker_open;
+}
+
+/*
+ * rb_read_response
+ *		Parse the rate-limit fields and Retry-After of a response received
+ *		at now_unix (Unix seconds).  *rl is what rb_parse_rate_limit made of
+ *		the fields; *ra_kind and *ra_value what rb_parse_retry_after_at made
+ *		of Retry-After (the delay in seconds, or the Unix time of the date).
+ *		rl->malformed counts every field given that could not be used: those
+ *		the parsers refused, values that were not text, and a malformed
+ *		Retry-After.
+ */
+void
+rb_read_response(const RbResponse *response, double now_unix,
+				 RbRateLimit *rl, RbRetryAfterKind *ra_kind, double *ra_value)
+{
+	rb_parse_rate_limit(response->ratelimit, response->ratelimit_len,
+						response->policy, response->policy_len,
+						response->limit, response->limit_len,
+						response->remaining, response->remaining_len,
+						response->reset, response->reset_len,
+						now_unix, rl);
+	rl->malformed += response->bad_fields;
+
+	*ra_kind = RB_RA_ABSENT;
+	*ra_value = 0.0;
+	if (response->retry_after_bad)
+		*ra_kind = RB_RA_MALFORMED;
+	else if (response->retry_after != NULL)
+		*ra_kind = rb_parse_retry_after_at(response->retry_after,
+										   response->retry_after_len,
+										   now_unix, ra_value);
+	if (*ra_kind == RB_RA_MALFORMED)
+		rl->malformed++;
+}
+
+/*
+ * Seconds until the retry time a Retry-After value names, or NaN when it
+ * names none.  A date is measured from now_unix (it may be in the past).
+ */
+static double
+rb_retry_after_seconds(RbRetryAfterKind kind, double value, double now_unix)
+{
+	switch (kind)
+	{
+		case RB_RA_DELAY:
+			return value;
+		case RB_RA_DATE:
+			return value - now_unix;
+		case RB_RA_ABSENT:
+		case RB_RA_MALFORMED:
+			break;
+	}
+	return NAN;
+}
+
+/*
+ * rb_response_outcome
+ *		What a response means (rb_classify), its Retry-After read at
+ *		now_unix: for an endpoint that has no bucket to adapt.
+ */
+RbOutcome
+rb_response_outcome(const RbResponse *response, double now_unix)
+{
+	RbRateLimit rl;
+	RbRetryAfterKind ra_kind;
+	double		ra_value;
+
+	rb_read_response(response, now_unix, &rl, &ra_kind, &ra_value);
+	return rb_classify(response->status, response->has_status,
+					   !isnan(rb_retry_after_seconds(ra_kind, ra_value,
+													 now_unix)));
+}
+
+/*
+ * The cooldown an answer asks for, in seconds (NaN: the default), or false
+ * if it asks for none: a 429 or a 503 always cools down (Retry-After, else
+ * the reset of a spent window, else the default); any other answer only
+ * when its rate-limit fields say the window is spent until a reset.
+ */
+static bool
+rb_cooldown_asked(RbOutcome outcome, double ra_seconds, const RbRateLimit *rl,
+				  double *seconds)
+{
+	*seconds = NAN;
+	if (outcome == RB_OUTCOME_THROTTLED || outcome == RB_OUTCOME_UNAVAILABLE)
+	{
+		*seconds = ra_seconds;
+		if (isnan(*seconds) && rl->has_reset &&
+			(!rl->has_remaining || rl->remaining <= 0))
+			*seconds = rl->reset_seconds;
+		return true;
+	}
+	if (rl->has_remaining && rl->remaining <= 0 && rl->has_reset)
+	{
+		*seconds = rl->reset_seconds;
+		return true;
+	}
+	return false;
+}
+
+/*
+ * A cooldown until "until".  A rate bucket empties (rb_cool_down); a
+ * calendar quota keeps what is left of its window: the cooldown refuses
+ * its takes until it ends (rb_quota_take) without spending the quota.
+ */
+static void
+rb_apply_cooldown(RbState *state, RbAdapt *adapt, bool is_quota,
+				  int64_t until)
+{
+	if (!is_quota)
+		rb_cool_down(state, adapt, until);
+	else if (adapt->cooldown_until == RB_NO_TIME ||
+			 adapt->cooldown_until < until)
+		adapt->cooldown_until = until;
+}
+
+/*
+ * rb_feedback_observe
+ *		Apply what a destination answered at "now" (now_unix: the same
+ *		instant in Unix seconds, for HTTP-dates) to a bucket's state,
+ *		adaptation and counters, under the policy in force; report what
+ *		bucket_observe returns in *out.  See the file header for the table.
+ *
+ * The rate is lowered once per congestion: a 429 that arrives while an
+ * earlier answer's cooldown is still running was sent before the
+ * destination's first complaint could slow anyone down (a batch in flight,
+ * other workers), so it lowers nothing more.
+ */
+void
+rb_feedback_observe(RbState *state, RbAdapt *adapt,
+					RbFeedbackCounters *counters, const RbPolicy *policy,
+					double ceiling, bool is_quota, const RbResponse *response,
+					int64_t now, double now_unix, RbObservation *out)
+{
+	RbAdapt		before = *adapt;
+	RbRateLimit rl;
+	RbRetryAfterKind ra_kind;
+	double		ra_value;
+	double		ra_seconds;
+	double		cooldown;
+	RbOutcome	outcome;
+
+	rb_read_response(response, now_unix, &rl, &ra_kind, &ra_value);
+	ra_seconds = rb_retry_after_seconds(ra_kind, ra_value, now_unix);
+	outcome = rb_classify(response->status, response->has_status,
+						  !isnan(ra_seconds));
+
+	/*
+	 * Bank the recovery earned so far before anything moves the cooldown:
+	 * recovery is measured from the end of the last cooldown.
+	 */
+	rb_bank_factor(adapt, policy, now);
+
+	if (rb_cooldown_asked(outcome, ra_seconds, &rl, &cooldown))
+	{
+		rb_apply_cooldown(state, adapt, is_quota,
+						  now + rb_clamp_cooldown(policy, cooldown));
+		if (adapt->cooldown_until != before.cooldown_until)
+			counters->cooldowns++;
+	}
+
+	/* The rate: halved (by default) on a 429, cut to a published limit. */
+	if (outcome == RB_OUTCOME_THROTTLED)
+	{
+		/* (a quota has no rate to lower: its count is the provider's) */
+		if (!is_quota &&
+			(before.cooldown_until == RB_NO_TIME || before.cooldown_until <= now))
+			rb_lower_factor(adapt, policy,
+							rb_factor_now(adapt, policy, now) *
+							policy->throttle_factor, now);
+		counters->throttles++;
+	}
+	if (rl.has_limit && rl.has_window && rl.window_seconds > 0 && !is_quota)
+		rb_lower_factor(adapt, policy, rl.limit / rl.window_seconds / ceiling,
+						now);
+
+	/* The breaker. */
+	rb_breaker_observe(adapt, policy, outcome, now);
+	if (adapt->open_until != before.open_until &&
+		rb_breaker_state(adapt, now) == RB_BREAKER_OPEN)
+		counters->breaker_opens++;
+
+	if (outcome == RB_OUTCOME_SUCCESS)
+		counters->successes++;
+	else if (outcome == RB_OUTCOME_FAILURE)
+		counters->failures++;
+	if (rl.malformed > 0)
+		counters->malformed_headers += rl.malformed;
+	counters->last_status = response->has_status ? response->status : 0;
+	counters->last_observed_at = now;
+
+	out->outcome = outcome;
+	out->cooldown_seconds = adapt->cooldown_until != RB_NO_TIME &&
+		adapt->cooldown_until > now ?
+		((double) adapt->cooldown_until - (double) now) / RB_USECS_PER_SEC : 0.0;
+	out->effective_rate = ceiling * rb_factor_now(adapt, policy, now);
+	out->breaker = rb_breaker_state(adapt, now);
+	out->adapt_changed = rb_adapt_changed(&before, adapt, policy, now);
+}
+
+/*
+ * rb_adapt_changed
+ *		Did the adaptation state change what a take is told (a cooldown, a
+ *		pause, the breaker, the effective rate)?  Only then must a change
+ *		reach a striped endpoint's stripes.
+ */
+bool
+rb_adapt_changed(const RbAdapt *before, const RbAdapt *after,
+				 const RbPolicy *policy, int64_t now)
+{
+	double		f0 = rb_factor_now(before, policy, now);
+	double		f1 = rb_factor_now(after, policy, now);
+
+	return before->cooldown_until != after->cooldown_until ||
+		before->paused_until != after->paused_until ||
+		before->open_until != after->open_until ||
+		before->breaker_trips != after->breaker_trips ||
+		fabs(f0 - f1) > 1e-12 * (f0 > f1 ? f0 : f1);
+}

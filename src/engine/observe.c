@@ -1,0 +1,68 @@
+/*-------------------------------------------------------------------------
+ *
+ * observe.c
+ *	  bucket_observe under the row lock: what the destination answered,
+ *	  applied to the endpoint's bucket by the feedback policy of
+ *	  core/feedback.c, and carried to its stripes if it is striped.
+ *
+ * The row is locked first and the clock read after, as for a take, so
+ * that the answer's Retry-After dates and resets are measured on the same
+ * clock as the takes it then refuses.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "bucket/storage.h"
+#include "bucket/stripe.h"
+#include "engine/engine.h"
+
+/* Unix seconds of a finite TimestampTz (microseconds since 2000-01-01). */
+static double
+rb_unix_seconds(TimestampTz ts)
+{
+	return (double) ts / USECS_PER_SEC +
+		(double) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY;
+}
+
+/*
+ * rb_engine_observe
+ *		Apply a response to the endpoint's bucket.  False if the endpoint
+ *		has no bucket: nothing to adapt, and *out says only the outcome.
+ */
+bool
+rb_engine_observe(text *endpoint, const RbResponse *response,
+				  RbObservation *out)
+{
+	RbStorageSession session;
+	RbBucket	bucket;
+	RbPolicy	policy;
+	TimestampTz now;
+	double		ceiling;
+	bool		found;
+
+	rb_storage_begin(&session);
+	found = rb_storage_lock(endpoint, &bucket);
+	now = GetCurrentTimestamp();
+
+	if (!found)
+	{
+		rb_storage_end(&session);
+		memset(out, 0, sizeof(*out));
+		out->outcome = rb_response_outcome(response, rb_unix_seconds(now));
+		return false;
+	}
+
+	ceiling = rb_bucket_ceiling(&bucket);
+	rb_bucket_policy(&bucket, ceiling, &policy);
+	rb_feedback_observe(&bucket.state, &bucket.adapt, &bucket.feedback,
+						&policy, ceiling, rb_is_quota(&bucket), response,
+						now, rb_unix_seconds(now), out);
+
+	/* a striped bucket: what takes are told changes on every stripe */
+	if (rb_is_stripe_parent(&bucket) && out->adapt_changed)
+		rb_stripe_sync(endpoint, &bucket, RB_SYNC_ADAPT);
+	rb_storage_update(&bucket);
+	rb_storage_end(&session);
+	return true;
+}

@@ -1,0 +1,174 @@
+/*-------------------------------------------------------------------------
+ *
+ * take.c
+ *	  A take of one endpoint: bucket_take and bucket_take_upto, in both
+ *	  forms, and the striped endpoints' takes of a batch.
+ *
+ * The ways a take goes, cheapest first:
+ *	  1. an endpoint this backend knows to be striped: straight to its
+ *		 stripes (striped.c);
+ *	  2. optimistically: the row read without a lock, decided, and written
+ *		 only if nobody touched it since (decide.c, rb_take_peeked);
+ *	  3. the locked way: lock the row unless another transaction holds it,
+ *		 read the clock, decide, write (rb_take_locked).  If the row is held,
+ *		 a take its committed state already refuses returns at once, with
+ *		 nowait any other is refused, and any other waits for the holder.  A
+ *		 missing row is created full, unless the take uses the
+ *		 configuration, where it is an error.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "bucket/storage.h"
+#include "bucket/stripe.h"
+#include "engine/decide.h"
+#include "engine/striped.h"
+
+/*
+ * A take of an endpoint this backend has met striped over k stripes: true
+ * if its stripes answered; false, having changed nothing, if k is out of
+ * date (or unknown), which is then forgotten.
+ */
+static bool
+rb_take_cached_stripes(text *endpoint, const RbTakeRequest *req,
+					   RbTakeResult *result, double *granted)
+{
+	int			k = rb_stripe_cached(endpoint);
+
+	if (k < 2)
+		return false;
+	if (rb_take_striped(endpoint, k, req, result, granted))
+		return true;
+	rb_stripe_forget(endpoint);
+	return false;
+}
+
+/*
+ * The optimistic take (rb_take_peeked) of the endpoint's row, or of its
+ * stripes if the row says it is striped.  False, having written nothing,
+ * when the row is missing or the take must go the locked way.
+ */
+static bool
+rb_take_optimistic(text *endpoint, const RbTakeRequest *req,
+				   RbTakeResult *result, double *granted)
+{
+	RbBucket	bucket;
+
+	if (!rb_storage_peek(endpoint, &bucket))
+		return false;
+	if (rb_is_stripe_parent(&bucket))
+	{
+		*result = rb_take_striped_now(endpoint, req, granted);
+		return true;
+	}
+	return rb_take_peeked(&bucket, req, result, granted);
+}
+
+/* A refusal that does not wait: the row is held by another transaction. */
+static void
+rb_refuse_nowait(RbTakeResult *result, double *granted)
+{
+	result->allowed = false;
+	result->remaining = 0.0;
+	result->wait_seconds = 0.0;
+	*granted = 0.0;
+}
+
+/*
+ * The first take of an endpoint that has no row: the row is created full
+ * and the take granted from it (the clock is read without a lock, since
+ * nobody else can hold a row that does not exist).  True if the row was
+ * inserted, the take answered; false if another transaction inserted it
+ * meanwhile: then *bucket holds that row, locked, for the locked way.
+ */
+static bool
+rb_take_new(text *endpoint, const RbTakeRequest *req, RbBucket *bucket,
+			RbTakeResult *result, double *granted)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	RbBucket	fresh;
+	bool		write;
+
+	rb_new_bucket(&fresh, req->rate, req->capacity, now);
+	*result = rb_bucket_decide(&fresh, req->rate, req->capacity, req->want,
+							   req->upto, now, &write, granted);
+	Assert(result->allowed);
+	rb_bucket_count_grant(&fresh, *granted, now);
+	return !rb_storage_lock_or_insert(endpoint, bucket, &fresh);
+}
+
+/*
+ * The endpoint's row could not be locked without waiting: another
+ * transaction holds it, or there is none.  True if the take was answered
+ * here (by the stripes, by a refusal its committed state already makes, by
+ * a nowait refusal, or by creating the row); false when *bucket now holds
+ * the row, locked after waiting for its holder.
+ */
+static bool
+rb_take_contended(text *endpoint, const RbTakeRequest *req, RbBucket *bucket,
+				  RbTakeResult *result, double *granted)
+{
+	RbBucket	peeked;
+	bool		exists = rb_storage_peek(endpoint, &peeked);
+
+	if (exists && rb_is_stripe_parent(&peeked))
+	{
+		*result = rb_take_striped_now(endpoint, req, granted);
+		return true;
+	}
+	if (exists && rb_peek_refuses(&peeked, req, result))
+	{
+		*granted = 0.0;
+		return true;
+	}
+	if (exists && req->nowait)
+	{
+		rb_refuse_nowait(result, granted);
+		return true;
+	}
+	if (req->use_config)
+	{
+		if (!exists || !rb_storage_lock(endpoint, bucket))
+			rb_bucket_not_configured(endpoint, true);
+		return false;
+	}
+	return rb_take_new(endpoint, req, bucket, result, granted);
+}
+
+/* The locked way (see the file header, 3). */
+static void
+rb_take_locked_way(text *endpoint, const RbTakeRequest *req,
+				   RbTakeResult *result, double *granted)
+{
+	RbBucket	bucket;
+
+	if (!rb_storage_lock_skip(endpoint, &bucket) &&
+		rb_take_contended(endpoint, req, &bucket, result, granted))
+		return;
+
+	/* the row of a bucket striped since this backend last met it */
+	if (rb_is_stripe_parent(&bucket))
+		*result = rb_take_striped_now(endpoint, req, granted);
+	else
+		rb_take_locked(&bucket, endpoint, req, result, granted);
+}
+
+/*
+ * rb_engine_take
+ *		The take itself, in a storage session of its own.  Sets *granted to
+ *		the tokens granted (0 if refused).
+ */
+RbTakeResult
+rb_engine_take(text *endpoint, const RbTakeRequest *req, double *granted)
+{
+	RbStorageSession session;
+	RbTakeResult result;
+
+	rb_storage_begin(&session);
+	if (!rb_take_cached_stripes(endpoint, req, &result, granted) &&
+		!rb_take_optimistic(endpoint, req, &result, granted))
+		rb_take_locked_way(endpoint, req, &result, granted);
+	rb_storage_end(&session);
+	return result;
+}
