@@ -10,7 +10,7 @@ CORE_OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/core/*.c)))
 BUCKET_OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/bucket/*.c)))
 ENGINE_OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/engine/*.c)))
 API_OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/api/*.c)))
-OBJS = $(CORE_OBJS) src/headers.o $(BUCKET_OBJS) $(ENGINE_OBJS) $(API_OBJS) \
+OBJS = $(CORE_OBJS) $(BUCKET_OBJS) $(ENGINE_OBJS) $(API_OBJS) \
 	src/ratebucket.o
 
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)

@@ -20,7 +20,7 @@
 
 #include "core/adapt.h"
 #include "core/arith.h"
-#include "headers.h"
+#include "core/headers.h"
 
 /*
  * The defaults of the policy, in the units of the ratebucket.* settings

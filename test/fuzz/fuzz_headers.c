@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * fuzz_headers.c
- *	  libFuzzer target for the header parsers of src/headers.c:
- *	  rb_parse_retry_after_at, rb_parse_http_date and rb_parse_rate_limit.
+ *	  libFuzzer target for the header parsers of src/core (http_date.c,
+ *	  sfv.c, ratelimit.c, lex.c): rb_parse_retry_after_at, rb_parse_http_date
+ *	  and rb_parse_rate_limit.
  *
  * Input format (kept readable, so that the seed corpus can be written by
  * hand):
@@ -18,8 +19,9 @@
  *
  * Every field is copied into a heap buffer of exactly its length, so that
  * AddressSanitizer catches a parser that reads one byte past the length it
- * was given.  What the parsers return is checked against what headers.h
- * promises; a violation calls abort(), which libFuzzer reports as a crash.
+ * was given.  What the parsers return is checked against what
+ * core/headers.h promises; a violation calls abort(), which libFuzzer
+ * reports as a crash.
  *
  *-------------------------------------------------------------------------
  */
@@ -32,7 +34,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "headers.h"
+#include "core/headers.h"
 
 #define NFIELDS 6
 

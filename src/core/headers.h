@@ -8,10 +8,22 @@
  * past the length it is given: the parsers take any bytes (they will be
  * fuzzed) and say "malformed" rather than guess.  Times are Unix seconds.
  *
+ * The parsers are split by grammar, under src/core:
+ *	 http_date.c  HTTP-date, its three forms (RFC 9110 section 5.6.7), and
+ *				  Retry-After (RFC 9110 section 10.2.3);
+ *	 sfv.c		  Structured Field Values (RFC 8941, RFC 9651), the syntax of
+ *				  RateLimit and RateLimit-Policy (internal API in sfv.h);
+ *	 ratelimit.c  RateLimit and RateLimit-Policy (the IETF httpapi drafts),
+ *				  X-RateLimit-Limit, -Remaining and -Reset, and
+ *				  rb_parse_rate_limit, which combines them;
+ *	 lex.c		  what more than one of those needs: OWS, exact compares,
+ *				  saturating digit strings (internal API in lex.h).
+ * Only this header is the public API.
+ *
  *-------------------------------------------------------------------------
  */
-#ifndef RATEBUCKET_HEADERS_H
-#define RATEBUCKET_HEADERS_H
+#ifndef RATEBUCKET_CORE_HEADERS_H
+#define RATEBUCKET_CORE_HEADERS_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -67,7 +79,7 @@ typedef struct RbRateLimit
  * with the lowest rate, else RateLimit's limit=, else X-RateLimit-Limit;
  * remaining and reset from RateLimit (the most restrictive item), else the
  * X- fields.  A field that does not parse gives nothing and counts in
- * malformed.  See headers.c for the syntaxes accepted.
+ * malformed.  See ratelimit.c for the syntaxes accepted.
  */
 extern void rb_parse_rate_limit(const char *ratelimit, size_t ratelimit_len,
 								const char *policy, size_t policy_len,
@@ -76,4 +88,4 @@ extern void rb_parse_rate_limit(const char *ratelimit, size_t ratelimit_len,
 								const char *x_reset, size_t x_reset_len,
 								double now_unix, RbRateLimit *out);
 
-#endif							/* RATEBUCKET_HEADERS_H */
+#endif							/* RATEBUCKET_CORE_HEADERS_H */
