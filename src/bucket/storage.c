@@ -413,9 +413,14 @@ rb_storage_end(RbStorageSession *session)
 	SetUserIdAndSecContext(session->save_userid, session->save_sec_context);
 }
 
-/* Prepare and keep a plan, unless it already is. */
-static SPIPlanPtr
-rb_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
+/*
+ * rb_spi_plan
+ *		Prepare and keep a plan, unless it already is: the saved plans of
+ *		the statements on ratebucket's tables (here, and in stripe.c and
+ *		inflight.c).
+ */
+SPIPlanPtr
+rb_spi_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
 {
 	if (*plan == NULL)
 	{
@@ -588,7 +593,7 @@ rb_select(SPIPlanPtr *plan, const char *sql, text *endpoint, RbBucket *bucket)
 
 	rb_spi_connect();
 	values[0] = PointerGetDatum(endpoint);
-	rc = SPI_execute_plan(rb_plan(plan, sql, 1, argtypes), values, NULL,
+	rc = SPI_execute_plan(rb_spi_plan(plan, sql, 1, argtypes), values, NULL,
 						  false, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
@@ -704,7 +709,7 @@ rb_write(SPIPlanPtr *plan, const char *sql, Oid *argtypes, Datum first,
 			rb_bind_column(&rb_columns[i], bucket, &values[n + 1], &nulls[n + 1]);
 			n++;
 		}
-	rc = SPI_execute_plan(rb_plan(plan, sql, n + 1, argtypes),
+	rc = SPI_execute_plan(rb_spi_plan(plan, sql, n + 1, argtypes),
 						  values, nulls, false, 0);
 	if (rc != expect)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
@@ -825,7 +830,7 @@ rb_storage_delete(text *endpoint)
 
 	rb_spi_connect();
 	values[0] = PointerGetDatum(endpoint);
-	rc = SPI_execute_plan(rb_plan(&delete_plan, delete_sql, 1, argtypes),
+	rc = SPI_execute_plan(rb_spi_plan(&delete_plan, delete_sql, 1, argtypes),
 						  values, NULL, false, 0);
 	if (rc != SPI_OK_DELETE)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));

@@ -15,6 +15,7 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "executor/spi.h"
 
 #include "bucket/bucket.h"
 
@@ -39,5 +40,7 @@ extern void rb_storage_update(RbBucket *bucket);
 extern bool rb_storage_update_unchanged(RbBucket *bucket);
 extern bool rb_storage_delete(text *endpoint);
 extern void rb_storage_from_row(HeapTupleHeader row, RbBucket *bucket);
+extern SPIPlanPtr rb_spi_plan(SPIPlanPtr *plan, const char *sql, int nargs,
+							  Oid *argtypes);
 
 #endif							/* RATEBUCKET_BUCKET_STORAGE_H */

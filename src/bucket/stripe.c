@@ -192,29 +192,12 @@ rb_stripe_used(int stripe)
 }
 
 /*
- * ratebucket.bucket_stripes, through SPI with saved plans, like storage.c;
+ * ratebucket.bucket_stripes, through SPI with saved plans (rb_spi_plan);
  * called between rb_storage_begin and rb_storage_end (as the table owner).
  */
 static SPIPlanPtr lookup_plan = NULL;
 static SPIPlanPtr upsert_plan = NULL;
 static SPIPlanPtr delete_plan = NULL;
-
-static SPIPlanPtr
-rb_stripe_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
-{
-	if (*plan == NULL)
-	{
-		SPIPlanPtr	p = SPI_prepare(sql, nargs, argtypes);
-
-		if (p == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 sql, SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(p) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		*plan = p;
-	}
-	return *plan;
-}
 
 /*
  * rb_stripe_lookup
@@ -232,7 +215,7 @@ rb_stripe_lookup(text *endpoint)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	values[0] = PointerGetDatum(endpoint);
-	rc = SPI_execute_plan(rb_stripe_plan(&lookup_plan,
+	rc = SPI_execute_plan(rb_spi_plan(&lookup_plan,
 										 "SELECT stripes FROM ratebucket.bucket_stripes"
 										 " WHERE endpoint OPERATOR(pg_catalog.=) $1",
 										 1, argtypes),
@@ -278,7 +261,7 @@ rb_stripe_record(text *endpoint, int stripes, TimestampTz now)
 		values[0] = PointerGetDatum(endpoint);
 		values[1] = Int32GetDatum(stripes);
 		values[2] = TimestampTzGetDatum(now);
-		rc = SPI_execute_plan(rb_stripe_plan(&upsert_plan,
+		rc = SPI_execute_plan(rb_spi_plan(&upsert_plan,
 											 "INSERT INTO ratebucket.bucket_stripes AS s"
 											 " (endpoint, stripes, striped_at) VALUES ($1, $2, $3)"
 											 " ON CONFLICT (endpoint) DO UPDATE"
@@ -295,7 +278,7 @@ rb_stripe_record(text *endpoint, int stripes, TimestampTz now)
 		Datum		values[1];
 
 		values[0] = PointerGetDatum(endpoint);
-		rc = SPI_execute_plan(rb_stripe_plan(&delete_plan,
+		rc = SPI_execute_plan(rb_spi_plan(&delete_plan,
 											 "DELETE FROM ratebucket.bucket_stripes"
 											 " WHERE endpoint OPERATOR(pg_catalog.=) $1",
 											 1, argtypes),

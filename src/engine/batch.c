@@ -19,9 +19,9 @@
  *      after the requests before it, up to what it asked (decided in memory:
  *      nothing is written yet).
  *   3. Each in-flight cap, in byte order of its key, acquires as many slots
- *      as the requests holding it were granted (inflight_acquire, as the
- *      caller); the cap may grant fewer, and its requests, in order, keep
- *      only as many as they got slots.
+ *      as the requests holding it were granted (bucket/inflight.c, for a
+ *      caller allowed to call inflight_acquire); the cap may grant fewer,
+ *      and its requests, in order, keep only as many as they got slots.
  *   4. The grants are decided again from the rows as locked: the capped
  *      requests' final counts first, then the other requests, in order, as
  *      much as is left (so tokens a cap gave back go to them), and once more
@@ -39,11 +39,10 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
-#include "executor/spi.h"
-#include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 
+#include "bucket/inflight.h"
 #include "bucket/storage.h"
 #include "bucket/stripe.h"
 #include "engine/decide.h"
@@ -252,99 +251,54 @@ rb_batch_wait(RbBatch *batch, const RbBatchRequest *req, TimestampTz now)
 /*
  * rb_batch_acquire
  *		Acquire, for each cap in lock order, the slots its requests were
- *		granted tokens for, by ratebucket.inflight_acquire as the caller,
- *		into memory of resultcxt.
+ *		granted tokens for (bucket/inflight.c), into memory of resultcxt,
+ *		once the caller is known to hold EXECUTE on inflight_acquire: the
+ *		batch acquires on the caller's behalf.
  */
 static void
-rb_batch_acquire(RbBatch *batch, MemoryContext resultcxt)
+rb_batch_acquire(RbBatch *batch, Oid caller, MemoryContext resultcxt)
 {
-	Oid			argtypes[2] = {TEXTOID, INT4OID};
+	bool		checked = false;
 	int			c;
 
-	if (batch->ncaps == 0)
-		return;
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
 	for (c = 0; c < batch->ncaps; c++)
 	{
 		RbBatchCap *cap = &batch->caps[c];
-		Datum		values[2];
-		bool		isnull;
-		Datum		d;
 
 		if (cap->wanted == 0)
 			continue;
-		values[0] = PointerGetDatum(cstring_to_text(cap->key));
-		values[1] = Int32GetDatum((int32) Min(cap->wanted, PG_INT32_MAX));
-		if (SPI_execute_with_args("SELECT ratebucket.inflight_acquire($1, $2)",
-								  2, argtypes, values, NULL, false, 1) != SPI_OK_SELECT ||
-			SPI_processed != 1)
-			elog(ERROR, "ratebucket.inflight_acquire did not return a row");
-		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-		if (isnull)
-			elog(ERROR, "ratebucket.inflight_acquire returned NULL");
-		{
-			ArrayType  *arr = DatumGetArrayTypeP(d);
-			Datum	   *slots;
-			bool	   *nulls;
-			int			ns;
-			int			k;
-
-			deconstruct_array(arr, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
-							  &slots, &nulls, &ns);
-			/* the slots outlive SPI (and the storage session's SPI) */
-			cap->slots = (int64 *) MemoryContextAlloc(resultcxt,
-													  sizeof(int64) * Max(ns, 1));
-			for (k = 0; k < ns; k++)
-				cap->slots[k] = DatumGetInt64(slots[k]);
-			cap->nslots = ns;
-		}
+		if (!checked)
+			rb_inflight_check_acquire(caller);
+		checked = true;
+		cap->nslots = rb_inflight_acquire(cstring_to_text(cap->key),
+										  (int32) Min(cap->wanted, PG_INT32_MAX),
+										  resultcxt, &cap->slots);
 	}
-	if (SPI_finish() != SPI_OK_FINISH)
-		elog(ERROR, "SPI_finish failed");
 }
 
 /*
  * rb_batch_check_caps
  *		Every cap the batch names exists, whether or not slots of it will be
- *		wanted: a misspelt key is an error, not a cap that looks full.  Run
- *		in the storage session, as the owner of the caps' table, with a
- *		fresh snapshot (as inflight_acquire will look), not the statement's.
+ *		wanted: a misspelt key is an error, not a cap that looks full.
  */
 static void
 rb_batch_check_caps(const RbBatch *batch)
 {
-	Oid			argtypes[1] = {TEXTARRAYOID};
-	Datum	   *keys;
-	Datum		values[1];
+	char	  **keys;
+	char	   *missing;
 	int			c;
 
 	if (batch->ncaps == 0)
 		return;
-	keys = palloc(sizeof(Datum) * batch->ncaps);
+	keys = palloc(sizeof(char *) * batch->ncaps);
 	for (c = 0; c < batch->ncaps; c++)
-		keys[c] = PointerGetDatum(cstring_to_text(batch->caps[c].key));
-	values[0] = PointerGetDatum(construct_array(keys, batch->ncaps, TEXTOID,
-												-1, false, TYPALIGN_INT));
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	if (SPI_execute_with_args("SELECT k FROM pg_catalog.unnest($1) AS k "
-							  "WHERE NOT EXISTS (SELECT FROM ratebucket.inflight_caps AS c "
-							  "WHERE c.key OPERATOR(pg_catalog.=) k) LIMIT 1",
-							  1, argtypes, values, NULL, false, 1) != SPI_OK_SELECT)
-		elog(ERROR, "could not look up in-flight caps");
-	if (SPI_processed > 0)
-	{
-		char	   *missing = SPI_getvalue(SPI_tuptable->vals[0],
-										   SPI_tuptable->tupdesc, 1);
-
+		keys[c] = batch->caps[c].key;
+	missing = rb_inflight_missing(keys, batch->ncaps);
+	if (missing != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("key \"%s\" has no in-flight cap", missing),
 				 errhint("Call ratebucket.inflight_configure(key, cap) first.")));
-	}
-	if (SPI_finish() != SPI_OK_FINISH)
-		elog(ERROR, "SPI_finish failed");
 }
 
 /*
@@ -437,19 +391,12 @@ static void
 rb_batch_apply_caps(RbBatch *batch, const RbStorageSession *session,
 					MemoryContext callcxt, TimestampTz now)
 {
-	Oid			owner;
-	int			owner_context;
 	int			i;
 
 	for (i = 0; i < batch->nrequests; i++)
 		if (batch->requests[i].cap >= 0)
 			batch->caps[batch->requests[i].cap].wanted += batch->requests[i].granted;
-
-	/* as the caller, whose EXECUTE on inflight_acquire counts */
-	GetUserIdAndSecContext(&owner, &owner_context);
-	SetUserIdAndSecContext(session->save_userid, session->save_sec_context);
-	rb_batch_acquire(batch, callcxt);
-	SetUserIdAndSecContext(owner, owner_context);
+	rb_batch_acquire(batch, session->save_userid, callcxt);
 
 	for (i = 0; i < batch->nrequests; i++)
 	{

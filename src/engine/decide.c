@@ -118,22 +118,35 @@ rb_take_peeked(RbBucket *bucket, const RbTakeRequest *req,
 /*
  * rb_take_locked
  *		The take on a row the caller holds (not a striped endpoint's own
- *		row): only now read the clock, resolve the limits (an endpoint with
- *		no configuration is an error for a configured take), check that the
- *		take fits, decide, and write the row back if the decision says so.
+ *		row): resolve the limits (an endpoint with no configuration is an
+ *		error for a configured take), check that the take fits, then only
+ *		now read the clock and decide (rb_take_write).
  */
 void
 rb_take_locked(RbBucket *bucket, text *endpoint, const RbTakeRequest *req,
 			   RbTakeResult *result, double *granted)
 {
-	TimestampTz now = GetCurrentTimestamp();
 	double		rate = req->rate;
 	double		capacity = req->capacity;
-	bool		write;
 
 	if (!rb_bucket_limits(bucket, req->use_config, &rate, &capacity))
 		rb_bucket_not_configured(endpoint, true);
 	rb_check_request_fits(req, capacity);
+	rb_take_write(bucket, req, rate, capacity, result, granted);
+}
+
+/*
+ * rb_take_write
+ *		The take on a row the caller holds, with the limits resolved and
+ *		checked: read the clock, decide, and write the row back (with those
+ *		limits, and the grant counted) if the decision says so.
+ */
+void
+rb_take_write(RbBucket *bucket, const RbTakeRequest *req, double rate,
+			  double capacity, RbTakeResult *result, double *granted)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	bool		write;
 
 	*result = rb_bucket_decide(bucket, rate, capacity, req->want, req->upto,
 							   now, &write, granted);

@@ -22,6 +22,9 @@ extern bool rb_take_peeked(RbBucket *bucket, const RbTakeRequest *req,
 extern void rb_take_locked(RbBucket *bucket, text *endpoint,
 						   const RbTakeRequest *req, RbTakeResult *result,
 						   double *granted);
+extern void rb_take_write(RbBucket *bucket, const RbTakeRequest *req,
+						  double rate, double capacity, RbTakeResult *result,
+						  double *granted);
 extern RbTakeResult rb_take_upto_held(RbBucket *bucket, text *endpoint,
 									  int64 upto, TimestampTz now,
 									  int64 *granted);

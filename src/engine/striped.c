@@ -33,10 +33,8 @@ static void
 rb_take_stripe(text *endpoint, int k, RbBucket *stripe,
 			   const RbTakeRequest *req, RbTakeResult *result, double *granted)
 {
-	TimestampTz now = GetCurrentTimestamp();
 	double		rate = req->rate;
 	double		capacity = req->capacity;
-	bool		write;
 
 	if (!rb_bucket_limits(stripe, req->use_config, &rate, &capacity))
 		elog(ERROR, "a stripe of endpoint \"%s\" has no configuration",
@@ -51,16 +49,7 @@ rb_take_stripe(text *endpoint, int k, RbBucket *stripe,
 				 errhint("Take at most %g tokens at once, or use fewer stripes (ratebucket.bucket_stripe).",
 						 floor(capacity))));
 
-	*result = rb_bucket_decide(stripe, rate, capacity, req->want, req->upto, now,
-						&write, granted);
-	if (write)
-	{
-		stripe->rate = rate;
-		stripe->capacity = capacity;
-		if (result->allowed)
-			rb_bucket_count_grant(stripe, *granted, now);
-		rb_storage_update(stripe);
-	}
+	rb_take_write(stripe, req, rate, capacity, result, granted);
 }
 
 /*

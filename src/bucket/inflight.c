@@ -1,0 +1,380 @@
+/*-------------------------------------------------------------------------
+ *
+ * inflight.c
+ *	  In-flight caps, in ratebucket.inflight_caps (one row per key: the cap
+ *	  and the lease) and ratebucket.inflight_slots (one row per delivery in
+ *	  flight), through SPI with saved plans.
+ *
+ * A token bucket bounds how often deliveries start; a cap bounds how many
+ * are out at once, for destinations that limit concurrency.  A slot is
+ * acquired in the claim's transaction (so a rollback gives it back) and
+ * released when the delivery's outcome is recorded; a slot whose lease ran
+ * out belongs to a worker that died or hung, and the next acquire of its
+ * key reclaims it, so none leaks.
+ *
+ * The SQL functions over these run as the extension's owner (SECURITY
+ * DEFINER, with a fixed search_path), so no role needs privileges on the
+ * tables; every statement names its tables and operators with their
+ * schema.  bucket_take_batch acquires slots from C, as the table owner,
+ * after checking that its caller could have called inflight_acquire.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "nodes/makefuncs.h"
+#include "parser/parse_func.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+
+#include "bucket/inflight.h"
+#include "bucket/storage.h"
+
+static SPIPlanPtr configure_plan = NULL;
+static SPIPlanPtr lock_cap_plan = NULL;
+static SPIPlanPtr reclaim_plan = NULL;
+static SPIPlanPtr count_plan = NULL;
+static SPIPlanPtr insert_plan = NULL;
+static SPIPlanPtr release_plan = NULL;
+static SPIPlanPtr renew_plan = NULL;
+static SPIPlanPtr drop_cap_plan = NULL;
+static SPIPlanPtr drop_slots_plan = NULL;
+static SPIPlanPtr missing_plan = NULL;
+
+static void
+rb_inflight_connect(void)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+}
+
+static void
+rb_inflight_finish(void)
+{
+	if (SPI_finish() != SPI_OK_FINISH)
+		elog(ERROR, "SPI_finish failed");
+}
+
+/* Run a saved plan, expecting result code "expect". */
+static void
+rb_inflight_exec(SPIPlanPtr plan, Datum *values, const char *nulls, int expect)
+{
+	int			rc = SPI_execute_plan(plan, values, nulls, false, 0);
+
+	if (rc != expect)
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+}
+
+/*
+ * rb_inflight_configure
+ *		Allow at most "cap" slots of key in flight, each held for at most
+ *		"lease" unless renewed (arguments checked by the caller).
+ */
+void
+rb_inflight_configure(text *key, int32 cap, Interval *lease)
+{
+	Oid			argtypes[4] = {TEXTOID, INT4OID, INTERVALOID, TIMESTAMPTZOID};
+	Datum		values[4];
+
+	values[0] = PointerGetDatum(key);
+	values[1] = Int32GetDatum(cap);
+	values[2] = IntervalPGetDatum(lease);
+	values[3] = TimestampTzGetDatum(GetCurrentTimestamp());
+	rb_inflight_connect();
+	rb_inflight_exec(rb_spi_plan(&configure_plan,
+								 "INSERT INTO ratebucket.inflight_caps AS c"
+								 " (key, cap, lease, configured_at) VALUES ($1, $2, $3, $4)"
+								 " ON CONFLICT ON CONSTRAINT inflight_caps_pkey DO UPDATE"
+								 " SET cap = excluded.cap, lease = excluded.lease,"
+								 " configured_at = excluded.configured_at",
+								 4, argtypes),
+					 values, NULL, SPI_OK_INSERT);
+	rb_inflight_finish();
+}
+
+/*
+ * Lock the cap's row of key, which serialises the acquires of one key
+ * until commit, and read its cap and lease; an error if there is none.  An
+ * update rather than a lock: under REPEATABLE READ a concurrent acquire
+ * then fails with a serialization error instead of counting the slots
+ * from its older snapshot.
+ */
+static void
+rb_inflight_lock_cap(text *key, int32 *cap, Datum *lease)
+{
+	Oid			argtypes[1] = {TEXTOID};
+	Datum		values[1];
+	bool		isnull;
+
+	values[0] = PointerGetDatum(key);
+	rb_inflight_exec(rb_spi_plan(&lock_cap_plan,
+								 "UPDATE ratebucket.inflight_caps AS ic SET cap = ic.cap"
+								 " WHERE ic.key OPERATOR(pg_catalog.=) $1"
+								 " RETURNING ic.cap, ic.lease",
+								 1, argtypes),
+					 values, NULL, SPI_OK_UPDATE_RETURNING);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("key \"%s\" has no in-flight cap", text_to_cstring(key)),
+				 errhint("Call ratebucket.inflight_configure(key, cap) first.")));
+	*cap = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 1, &isnull));
+	*lease = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
+						   &isnull);
+}
+
+/*
+ * Reclaim the slots of key whose lease ran out by "now", and count those
+ * left.  One that another transaction is deleting (a late release) is left
+ * to it and counted as held: waiting for that transaction, while a claim
+ * holds bucket rows its release may want next, could deadlock.
+ */
+static int
+rb_inflight_reclaim(text *key, TimestampTz now)
+{
+	Oid			argtypes[2] = {TEXTOID, TIMESTAMPTZOID};
+	Datum		values[2];
+	bool		isnull;
+
+	values[0] = PointerGetDatum(key);
+	values[1] = TimestampTzGetDatum(now);
+	rb_inflight_exec(rb_spi_plan(&reclaim_plan,
+								 "DELETE FROM ratebucket.inflight_slots AS s"
+								 " WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+								 "SELECT x.ctid FROM ratebucket.inflight_slots AS x"
+								 " WHERE x.key OPERATOR(pg_catalog.=) $1"
+								 " AND x.lease_until OPERATOR(pg_catalog.<=) $2"
+								 " FOR UPDATE SKIP LOCKED))",
+								 2, argtypes),
+					 values, NULL, SPI_OK_DELETE);
+	rb_inflight_exec(rb_spi_plan(&count_plan,
+								 "SELECT pg_catalog.count(*)::int"
+								 " FROM ratebucket.inflight_slots AS s"
+								 " WHERE s.key OPERATOR(pg_catalog.=) $1",
+								 1, argtypes),
+					 values, NULL, SPI_OK_SELECT);
+	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+static int
+rb_int64_cmp(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a;
+	int64		y = *(const int64 *) b;
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
+/*
+ * rb_inflight_acquire
+ *		Acquire up to n slots of key (n >= 1), as many as its cap leaves free
+ *		after reclaiming the slots whose lease ran out.  Sets *slots to their
+ *		ids, in ascending order, allocated in cxt, and returns how many.
+ */
+int
+rb_inflight_acquire(text *key, int32 n, MemoryContext cxt, int64 **slots)
+{
+	Oid			argtypes[4] = {TEXTOID, TIMESTAMPTZOID, INTERVALOID, INT4OID};
+	Datum		values[4];
+	int32		cap;
+	Datum		lease;
+	TimestampTz now;
+	int			held;
+	int			k;
+	uint64		i;
+
+	rb_inflight_connect();
+	rb_inflight_lock_cap(key, &cap, &lease);
+	now = GetCurrentTimestamp();
+	held = rb_inflight_reclaim(key, now);
+	k = Min(n, cap - held);
+	*slots = MemoryContextAlloc(cxt, sizeof(int64) * Max(k, 1));
+	if (k <= 0)
+	{
+		rb_inflight_finish();
+		return 0;
+	}
+
+	values[0] = PointerGetDatum(key);
+	values[1] = TimestampTzGetDatum(now);
+	values[2] = lease;
+	values[3] = Int32GetDatum(k);
+	rb_inflight_exec(rb_spi_plan(&insert_plan,
+								 "INSERT INTO ratebucket.inflight_slots (key, acquired_at, lease_until)"
+								 " SELECT $1, $2, $2 OPERATOR(pg_catalog.+) $3"
+								 " FROM pg_catalog.generate_series(1, $4)"
+								 " RETURNING slot",
+								 4, argtypes),
+					 values, NULL, SPI_OK_INSERT_RETURNING);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+
+		(*slots)[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+												  SPI_tuptable->tupdesc, 1,
+												  &isnull));
+	}
+	k = (int) SPI_processed;
+	rb_inflight_finish();
+	qsort(*slots, k, sizeof(int64), rb_int64_cmp);
+	return k;
+}
+
+/*
+ * rb_inflight_release
+ *		Release slots of key; returns how many were still held (a slot
+ *		whose lease ran out may already have been reclaimed).
+ */
+int
+rb_inflight_release(text *key, ArrayType *slots)
+{
+	Oid			argtypes[2] = {TEXTOID, INT8ARRAYOID};
+	Datum		values[2];
+	int			n;
+
+	values[0] = PointerGetDatum(key);
+	values[1] = PointerGetDatum(slots);
+	rb_inflight_connect();
+	rb_inflight_exec(rb_spi_plan(&release_plan,
+								 "DELETE FROM ratebucket.inflight_slots AS s"
+								 " WHERE s.key OPERATOR(pg_catalog.=) $1"
+								 " AND s.slot OPERATOR(pg_catalog.=) ANY ($2)",
+								 2, argtypes),
+					 values, NULL, SPI_OK_DELETE);
+	n = (int) SPI_processed;
+	rb_inflight_finish();
+	return n;
+}
+
+/*
+ * rb_inflight_renew
+ *		Extend the lease of slots of key still held, by "lease" from now
+ *		(NULL: the cap's lease).  Returns how many were renewed; an expired
+ *		slot is not.
+ */
+int
+rb_inflight_renew(text *key, ArrayType *slots, Interval *lease)
+{
+	Oid			argtypes[4] = {TEXTOID, INT8ARRAYOID, INTERVALOID, TIMESTAMPTZOID};
+	Datum		values[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
+	int			n;
+
+	values[0] = PointerGetDatum(key);
+	values[1] = PointerGetDatum(slots);
+	values[2] = lease != NULL ? IntervalPGetDatum(lease) : (Datum) 0;
+	if (lease == NULL)
+		nulls[2] = 'n';
+	values[3] = TimestampTzGetDatum(GetCurrentTimestamp());
+	rb_inflight_connect();
+	rb_inflight_exec(rb_spi_plan(&renew_plan,
+								 "UPDATE ratebucket.inflight_slots AS s"
+								 " SET lease_until = $4 OPERATOR(pg_catalog.+)"
+								 " COALESCE($3, c.lease)"
+								 " FROM ratebucket.inflight_caps AS c"
+								 " WHERE c.key OPERATOR(pg_catalog.=) s.key"
+								 " AND s.key OPERATOR(pg_catalog.=) $1"
+								 " AND s.slot OPERATOR(pg_catalog.=) ANY ($2)"
+								 " AND s.lease_until OPERATOR(pg_catalog.>) $4",
+								 4, argtypes),
+					 values, nulls, SPI_OK_UPDATE);
+	n = (int) SPI_processed;
+	rb_inflight_finish();
+	return n;
+}
+
+/*
+ * rb_inflight_drop
+ *		Forget the cap of key and every slot it holds; false if there was
+ *		none.  The cap's row first: an acquire in progress holds it, so its
+ *		slots are committed (or gone) before the slots are deleted.
+ */
+bool
+rb_inflight_drop(text *key)
+{
+	Oid			argtypes[1] = {TEXTOID};
+	Datum		values[1];
+	bool		found;
+
+	values[0] = PointerGetDatum(key);
+	rb_inflight_connect();
+	rb_inflight_exec(rb_spi_plan(&drop_cap_plan,
+								 "DELETE FROM ratebucket.inflight_caps AS c"
+								 " WHERE c.key OPERATOR(pg_catalog.=) $1",
+								 1, argtypes),
+					 values, NULL, SPI_OK_DELETE);
+	found = SPI_processed > 0;
+	rb_inflight_exec(rb_spi_plan(&drop_slots_plan,
+								 "DELETE FROM ratebucket.inflight_slots AS s"
+								 " WHERE s.key OPERATOR(pg_catalog.=) $1",
+								 1, argtypes),
+					 values, NULL, SPI_OK_DELETE);
+	rb_inflight_finish();
+	return found;
+}
+
+/*
+ * rb_inflight_missing
+ *		The first of "keys" that has no cap, or NULL if every one has: with
+ *		a fresh snapshot, as an acquire will look, not the statement's.
+ */
+char *
+rb_inflight_missing(char **keys, int n)
+{
+	Oid			argtypes[1] = {TEXTARRAYOID};
+	Datum	   *elems = palloc(sizeof(Datum) * Max(n, 1));
+	Datum		values[1];
+	char	   *missing = NULL;
+	int			i;
+
+	if (n == 0)
+		return NULL;
+	for (i = 0; i < n; i++)
+		elems[i] = PointerGetDatum(cstring_to_text(keys[i]));
+	values[0] = PointerGetDatum(construct_array(elems, n, TEXTOID, -1, false,
+												TYPALIGN_INT));
+	rb_inflight_connect();
+	rb_inflight_exec(rb_spi_plan(&missing_plan,
+								 "SELECT k FROM pg_catalog.unnest($1) AS k"
+								 " WHERE NOT EXISTS (SELECT FROM ratebucket.inflight_caps AS c"
+								 " WHERE c.key OPERATOR(pg_catalog.=) k) LIMIT 1",
+								 1, argtypes),
+					 values, NULL, SPI_OK_SELECT);
+	if (SPI_processed > 0)
+	{
+		char	   *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+
+		missing = MemoryContextStrdup(CurTransactionContext, v);
+	}
+	rb_inflight_finish();
+	return missing;
+}
+
+/*
+ * rb_inflight_check_acquire
+ *		The privilege an acquire needs: EXECUTE on inflight_acquire, which a
+ *		batch that acquires slots for its caller checks for that caller.
+ */
+void
+rb_inflight_check_acquire(Oid roleid)
+{
+	Oid			argtypes[2] = {TEXTOID, INT4OID};
+	List	   *name = list_make2(makeString("ratebucket"),
+								  makeString("inflight_acquire"));
+	Oid			fn = LookupFuncName(name, 2, argtypes, false);
+	AclResult	acl;
+
+#if PG_VERSION_NUM >= 160000
+	acl = object_aclcheck(ProcedureRelationId, fn, roleid, ACL_EXECUTE);
+#else
+	acl = pg_proc_aclcheck(fn, roleid, ACL_EXECUTE);
+#endif
+	if (acl != ACLCHECK_OK)
+		aclcheck_error(acl, OBJECT_FUNCTION, "inflight_acquire");
+}
