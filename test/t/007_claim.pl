@@ -1,4 +1,4 @@
-# 007_claim.pl — the claim path of demo/queue.sql, the recipe the README
+# 007_claim.pl — the claim path of demo/queue.sql, the recipe doc/claim.md
 # documents and the dispatcher runs, over the real extension.
 #
 # Each property of a rate-limited claim gets a check that can fail:
@@ -39,7 +39,7 @@
 #                            its order; a claim passes over an endpoint
 #                            another open claim is parking, without waiting;
 #                            requeue_expired forgets old parking rows.
-#   README                   its copy of the claim statement is this one.
+#   doc/claim.md             its copy of the claim statement is this one.
 #   Set aside                events the claim leaves alone (no configuration)
 #                            stay untouched while claims find something; when
 #                            enough of them fill the walk and a claim finds
@@ -727,15 +727,15 @@ $s1->quit;
 $s2->quit;
 $node->stop;
 
-# The README shows claim_events' statement: it must be the one tested here.
+# doc/claim.md shows claim_events' statement: it must be the one tested here.
 {
 	my $queue = slurp_file('demo/queue.sql');
-	my $readme = slurp_file('README.md');
+	my $doc = slurp_file('doc/claim.md');
 	my ($code) = $queue =~ /^(    WITH walk AS MATERIALIZED \(.*?\n    RETURNING e\.id[^\n]*;)$/ms;
-	my ($shown) = $readme =~ /^(WITH walk AS MATERIALIZED \(.*?)^```/ms;
-	ok(defined $code && defined $shown, 'the claim statement is found in demo/queue.sql and README.md');
+	my ($shown) = $doc =~ /^(WITH walk AS MATERIALIZED \(.*?)^```/ms;
+	ok(defined $code && defined $shown, 'the claim statement is found in demo/queue.sql and doc/claim.md');
 	$code =~ s/^    //mg if defined $code;
 	is($shown, (defined $code ? "$code\n" : undef),
-		"README.md's copy of claim_events' statement is demo/queue.sql's");
+		"doc/claim.md's copy of claim_events' statement is demo/queue.sql's");
 }
 done_testing();
