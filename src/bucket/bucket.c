@@ -32,9 +32,7 @@ rb_new_bucket(RbBucket *bucket, double rate, double capacity, TimestampTz now)
 	ItemPointerSetInvalid(&bucket->tid);
 	bucket->rate = rate;
 	bucket->capacity = capacity;
-	bucket->state.tokens = capacity;
-	bucket->state.refilled_at = now;
-	rb_adapt_init(&bucket->adapt);
+	rb_start(&bucket->state, &bucket->adapt, capacity, now);
 	bucket->conf_rate = get_float8_nan();
 	bucket->conf_capacity = get_float8_nan();
 	bucket->conf_floor_rate = get_float8_nan();

@@ -53,7 +53,7 @@ rb_settings_init(void)
 							NULL, &rb_settings.recovery_interval_s, 60, 1, 86400,
 							PGC_SUSET, GUC_UNIT_S, NULL, NULL, NULL);
 	DefineCustomIntVariable("ratebucket.default_cooldown",
-							"Cooldown after a 429 or 503 that carries no usable Retry-After.",
+							"Cooldown after a 429 that carries no usable Retry-After or rate-limit reset.",
 							NULL, &rb_settings.default_cooldown_ms, 5000, 0, 86400 * 1000,
 							PGC_SUSET, GUC_UNIT_MS, NULL, NULL, NULL);
 	DefineCustomIntVariable("ratebucket.min_cooldown",

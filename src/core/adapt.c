@@ -36,6 +36,19 @@ rb_adapt_init(RbAdapt *adapt)
 }
 
 /*
+ * rb_start
+ *		A bucket seen for the first time: full, refilled at "now", nothing
+ *		heard from its destination.
+ */
+void
+rb_start(RbState *state, RbAdapt *adapt, double capacity, int64_t now)
+{
+	state->tokens = capacity;
+	state->refilled_at = now;
+	rb_adapt_init(adapt);
+}
+
+/*
  * rb_classify
  *		What a delivery's outcome means.  has_status false (SQL NULL) and a
  *		status of 0 both stand for "no response": a connection failure or a

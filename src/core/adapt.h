@@ -79,6 +79,8 @@ typedef enum RbBreakerState
 } RbBreakerState;
 
 extern void rb_adapt_init(RbAdapt *adapt);
+extern void rb_start(RbState *state, RbAdapt *adapt, double capacity,
+					 int64_t now);
 extern RbOutcome rb_classify(int status, bool has_status, bool has_retry_after);
 extern const char *rb_outcome_name(RbOutcome outcome);
 extern double rb_factor_now(const RbAdapt *adapt, const RbPolicy *policy,

@@ -51,7 +51,7 @@
 /* The clock stays below this, so that now + a cooldown stays in range. */
 #define CLOCK_MAX (PG_END_TS - INT64_C(10000000000000))
 
-/* Limits of src/validate.h and src/guc.c. */
+/* Limits of src/bucket/bucket.h and src/bucket/settings.c. */
 #define MIN_RATE 1e-9
 #define MAX_RATE 1e12
 #define MAX_CAPACITY 1e12
@@ -707,12 +707,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	else
 		now = INT64_C(753000000000000) + (int64_t) rd_u64(&r, 5);
 
-	/* a new bucket, full (rb_new_bucket of src/take.c) */
+	/* a new bucket, full (rb_start, as rb_new_bucket of src/bucket/bucket.c) */
 	row.rate = rd_bounded(&r, MIN_RATE, MAX_RATE);
 	row.capacity = rd_bounded(&r, nextafter(0.0, 1.0), MAX_CAPACITY);
-	row.state.tokens = row.capacity;
-	row.state.refilled_at = now;
-	rb_adapt_init(&row.adapt);
+	rb_start(&row.state, &row.adapt, row.capacity, now);
 	row.counters.last_status = -1;
 	row.counters.last_observed_at = RB_NO_TIME;
 	set_floor(row.rate);
