@@ -28,11 +28,13 @@ DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 REGRESS = setup take storage claim take_all batch quota inflight configure admin feedback headers errors stripe privileges upgrade
 REGRESS_OPTS = --inputdir=.
 
-# Isolation specs: test/specs/*.spec, outputs in test/expected/.
-ISOLATION = take-last-token take-refused-nowait take-optimistic ready-nowait take-upto take-all quota-last-unit inflight-last-slot configure-take configure-new-endpoint observe-take stripe-skip take-batch
-ISOLATION_OPTS = --inputdir=test --load-extension=$(EXTENSION)
+# Isolation specs: test/isolation/specs/*.spec, outputs in
+# test/isolation/expected/.
+ISOLATION = $(patsubst test/isolation/specs/%.spec,%,$(sort $(wildcard test/isolation/specs/*.spec)))
+ISOLATION_OPTS = --inputdir=test/isolation --load-extension=$(EXTENSION)
 
-# TAP tests (need libipc-run-perl): load checks, later crash/standby/dump.
+# TAP tests (need libipc-run-perl): test/t/*.pl, with their shared helpers
+# in test/perl/.
 TAP_TESTS = 1
 PROVE_TESTS = test/t/*.pl
 
