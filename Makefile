@@ -22,7 +22,12 @@ OBJS = \
 	src/take.o \
 	src/validate.o
 
-DATA = $(wildcard sql/$(EXTENSION)--*.sql)
+# SQL: sql/install/$(EXTENSION).sql is the current surface, built into the
+# install script of the current version.  The released scripts are shipped as
+# they are: 1.0's install script (the upgrade test starts there) and every
+# update, sql/updates/$(EXTENSION)--<from>--<to>.sql.
+DATA_built = sql/install/$(EXTENSION)--$(EXTVERSION).sql
+DATA = sql/install/$(EXTENSION)--1.0.sql $(wildcard sql/updates/$(EXTENSION)--*--*.sql)
 
 # pg_regress: inputs in sql/, outputs in expected/.
 REGRESS = setup take storage claim take_all batch quota inflight configure admin feedback headers errors stripe privileges upgrade
@@ -51,3 +56,7 @@ EXTRA_CLEAN = output_iso tmp_check tmp_check_iso results regression.diffs regres
 
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# The install script of the current version is a copy of the current surface.
+sql/install/$(EXTENSION)--$(EXTVERSION).sql: sql/install/$(EXTENSION).sql
+	cp $< $@
