@@ -9,12 +9,13 @@
 -- sql/install/ratebucket.sql, the current surface written as one file: the
 -- comparison proves that file equal to 1.0 and every update.
 --
--- This test drops the extension, and with it the buckets and anything the
--- earlier tests left behind: it must stay last in REGRESS.  It leaves the
--- extension installed at the newest version.
---
-SET client_min_messages = warning;	-- the CASCADE lists earlier tests' objects
+
+-- Set-up: no ratebucket yet, nor the roles of this test, whatever an
+-- earlier test left behind (every test file runs alone or in any order).
+SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+DROP ROLE IF EXISTS regress_rb_upgrade_worker, regress_rb_upgrade_nobody;
 RESET client_min_messages;
 
 --
@@ -439,7 +440,12 @@ FROM ratebucket.bucket_status WHERE endpoint = 'u:cooling';
 
 DROP ROLE regress_rb_upgrade_worker, regress_rb_upgrade_nobody;
 
--- The extension stays at the newest version.
+-- The extension is at the newest version.
 SELECT extversion = (SELECT default_version FROM pg_available_extensions
 					 WHERE name = 'ratebucket') AS is_default_version
 FROM pg_extension WHERE extname = 'ratebucket';
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;
