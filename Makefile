@@ -13,17 +13,26 @@ API_OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/api/*.c)))
 OBJS = $(CORE_OBJS) $(BUCKET_OBJS) $(ENGINE_OBJS) $(API_OBJS) \
 	src/ratebucket.o
 
-DATA = $(wildcard sql/$(EXTENSION)--*.sql)
+# SQL: sql/install/$(EXTENSION).sql is the current surface, built into the
+# install script of the current version.  The released scripts are shipped as
+# they are: 1.0's install script (the upgrade test starts there) and every
+# update, sql/updates/$(EXTENSION)--<from>--<to>.sql.
+DATA_built = sql/install/$(EXTENSION)--$(EXTVERSION).sql
+DATA = sql/install/$(EXTENSION)--1.0.sql $(wildcard sql/updates/$(EXTENSION)--*--*.sql)
 
-# pg_regress: inputs in sql/, outputs in expected/.
-REGRESS = setup take storage claim take_all batch quota inflight configure admin feedback headers errors stripe privileges upgrade
+# pg_regress: every sql/*.sql, outputs in expected/.  Each file installs the
+# extension afresh and cleans up after itself, so any order passes (test/run
+# also runs them in reverse order).
+REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
 REGRESS_OPTS = --inputdir=.
 
-# Isolation specs: test/specs/*.spec, outputs in test/expected/.
-ISOLATION = take-last-token take-refused-nowait take-optimistic ready-nowait take-upto take-all quota-last-unit inflight-last-slot configure-take configure-new-endpoint observe-take stripe-skip take-batch
-ISOLATION_OPTS = --inputdir=test --load-extension=$(EXTENSION)
+# Isolation specs: test/isolation/specs/*.spec, outputs in
+# test/isolation/expected/.
+ISOLATION = $(patsubst test/isolation/specs/%.spec,%,$(sort $(wildcard test/isolation/specs/*.spec)))
+ISOLATION_OPTS = --inputdir=test/isolation --load-extension=$(EXTENSION)
 
-# TAP tests (need libipc-run-perl): load checks, later crash/standby/dump.
+# TAP tests (need libipc-run-perl): test/t/*.pl, with their shared helpers
+# in test/perl/.
 TAP_TESTS = 1
 PROVE_TESTS = test/t/*.pl
 
@@ -36,7 +45,12 @@ PG_CPPFLAGS = -I$(srcdir)/src -isystem $(shell $(PG_CONFIG) --includedir-server)
 	-DRATEBUCKET_VERSION=\"$(EXTVERSION)\"
 PG_CFLAGS = -Wall -Wextra
 
-EXTRA_CLEAN = output_iso tmp_check tmp_check_iso results regression.diffs regression.out
+EXTRA_CLEAN = output_iso tmp_check tmp_check_iso results regression.diffs regression.out \
+	output_reverse
 
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# The install script of the current version is a copy of the current surface.
+sql/install/$(EXTENSION)--$(EXTVERSION).sql: sql/install/$(EXTENSION).sql
+	cp $< $@

@@ -1,7 +1,15 @@
 --
 -- admin: reset, drop, expire, and the status view.
 --
--- Start from an empty table (earlier tests leave buckets behind).
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
 
@@ -54,3 +62,8 @@ SELECT count(*) FROM ratebucket.buckets WHERE endpoint = 'a:conf';
 \set VERBOSITY terse
 SELECT * FROM ratebucket.bucket_take('a:conf');
 \set VERBOSITY default
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

@@ -7,6 +7,15 @@
 -- Rates so low (0.000001/s) that nothing refills while this test runs:
 -- every figure below is exact.
 --
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets
 	  WHERE octet_length(endpoint) <= 1024) AS d;
@@ -343,8 +352,9 @@ SELECT * FROM ratebucket.bucket_take_batch(ARRAY[pg_temp.req(ARRAY['lane:x', 'no
 SELECT * FROM ratebucket.bucket_take_batch(ARRAY[pg_temp.req(ARRAY['s:hot', 'lane:x'], 1)]);
 SELECT * FROM ratebucket.bucket_take_batch(ARRAY[pg_temp.req(ARRAY['lane:x'], -2)]);
 
--- Leave no bucket, cap or slot behind for the tests that follow (their own
--- clean-up drops every bucket by name, which a stripe's key is too long for).
+-- Dropping by name leaves no cap, slot, bucket or striping behind (a
+-- striped endpoint's drop takes its stripes, whose keys are too long to
+-- name).
 SELECT ratebucket.inflight_drop('acct');
 SELECT count(*) AS slots_left FROM ratebucket.inflight_slots;
 SELECT count(*) >= 0 AS cleared
@@ -352,5 +362,10 @@ FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets
 	  WHERE octet_length(endpoint) <= 1024) AS d;
 SELECT count(*) AS rows_left FROM ratebucket.buckets;
 SELECT count(*) AS striped_left FROM ratebucket.bucket_stripes;
--- The inflight test numbers its slots from 1, as on a fresh install.
-SELECT setval(pg_get_serial_sequence('ratebucket.inflight_slots', 'slot'), 1, false) AS next_slot;
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were; pg_temp.req returns a type of the
+-- extension).
+DROP FUNCTION pg_temp.req(text[], int, text);
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

@@ -4,6 +4,15 @@
 -- that answers, once per endpoint and per execution, how many events to
 -- lock; bucket_wait says how long until a take would be granted.
 --
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
 
@@ -89,3 +98,8 @@ PREPARE claimable(text) AS SELECT ratebucket.bucket_claimable($1, 4);
 EXECUTE claimable('c:five');
 EXECUTE claimable('c:five');
 DEALLOCATE claimable;
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

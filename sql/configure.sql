@@ -1,7 +1,15 @@
 --
 -- configure: stored limits and bucket_take(endpoint, tokens).
 --
--- Start from an empty table (earlier tests leave buckets behind).
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
 
@@ -64,3 +72,8 @@ SELECT ratebucket.bucket_configure('c:a', 99, 99);
 SELECT ratebucket.bucket_configure('c:rolledback', 99, 99);
 ROLLBACK;
 SELECT endpoint, conf_rate, conf_capacity FROM ratebucket.bucket_status ORDER BY endpoint;
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

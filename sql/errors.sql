@@ -2,7 +2,15 @@
 -- errors: every bad input gets a clear error with a proper SQLSTATE, and no
 -- row is created or changed.
 --
--- Start from an empty table (earlier tests leave buckets behind).
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
 SELECT allowed FROM ratebucket.bucket_take('e:known', 0.000001, 5, 2);
@@ -130,3 +138,8 @@ SELECT * FROM ratebucket.bucket_take('e:known', 1, 0);
 SELECT * FROM ratebucket.bucket_take(repeat('x', 2000), 1, 1);
 SELECT * FROM ratebucket.bucket_take('e:known', 1, 5, 6);
 SELECT * FROM ratebucket.bucket_take('e:never');
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

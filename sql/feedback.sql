@@ -6,7 +6,16 @@
 -- session (the settings are superuser-only), or compute the state at an
 -- explicit time with bucket_now(row, at).
 --
--- Start from an empty table (earlier tests leave buckets behind).
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+DROP ROLE IF EXISTS regress_rb_plain;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
 \set VERBOSITY terse
@@ -310,3 +319,8 @@ SET ratebucket.throttle_factor = 1;
 RESET ROLE;
 DROP ROLE regress_rb_plain;
 \set VERBOSITY default
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

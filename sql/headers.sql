@@ -4,6 +4,15 @@
 -- depend on the clock: at is 2024-06-01 00:00:00 UTC, a Saturday, Unix time
 -- 1717200000, throughout.
 --
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 \pset null '(null)'
 
 -- Seconds from "at" to a UTC time written the way PostgreSQL reads it: an
@@ -248,3 +257,8 @@ FROM (VALUES
 	($$SELECT ratebucket.parse_retry_after(NULL, NULL)$$),
 	($$SELECT ratebucket.parse_retry_after('120', 'infinity')$$)
 ) AS t(stmt);
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

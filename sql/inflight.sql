@@ -2,6 +2,15 @@
 -- inflight: at most cap deliveries in flight per key; slots acquired at
 -- claim, released at the outcome, reclaimed when their lease runs out.
 --
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 SELECT ratebucket.inflight_configure('acct:1', 3, '1 hour');
 
 -- Up to the cap, then nothing: an empty array, not an error.
@@ -81,3 +90,8 @@ FROM ratebucket.inflight_caps c;
 SELECT ratebucket.inflight_drop('acct:1'), ratebucket.inflight_drop('acct:2'),
 	   ratebucket.inflight_drop('acct:2');
 SELECT count(*) AS slots_left FROM ratebucket.inflight_slots;
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

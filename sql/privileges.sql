@@ -2,7 +2,16 @@
 -- privileges: what a role with no grant, a worker and an operator may do,
 -- and proof that nothing is resolved through the caller's search_path.
 --
--- Start from an empty table (earlier tests leave buckets behind).
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+DROP ROLE IF EXISTS regress_rb_nobody, regress_rb_worker, regress_rb_admin;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
 SELECT ratebucket.bucket_configure('p:conf', 0.000001, 9);
@@ -141,3 +150,8 @@ REVOKE ALL ON SCHEMA ratebucket FROM regress_rb_worker, regress_rb_admin;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ratebucket FROM regress_rb_worker, regress_rb_admin;
 REVOKE ALL ON ratebucket.bucket_status, ratebucket.inflight_status FROM regress_rb_worker, regress_rb_admin;
 DROP ROLE regress_rb_nobody, regress_rb_worker, regress_rb_admin;
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

@@ -5,6 +5,15 @@
 -- are checked against a window moved into the past through the table (a
 -- test cannot wait for midnight).
 --
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
 SET TIME ZONE 'UTC';
@@ -264,3 +273,8 @@ SELECT ratebucket.bucket_configure_quota('q:case', 1, 'Week', 'asia/tokyo');
 SELECT quota_period, quota_time_zone FROM ratebucket.buckets WHERE endpoint = 'q:case';
 
 RESET TIME ZONE;
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

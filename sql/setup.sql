@@ -1,6 +1,13 @@
 --
 -- setup: install the extension and check what it installed.
 --
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
 CREATE EXTENSION ratebucket;
 
 -- Pinned schema, not relocatable.
@@ -43,3 +50,8 @@ SELECT p.proname, p.provolatile, p.proparallel, p.procost, p.proisstrict, p.pros
 FROM pg_proc p
 WHERE p.pronamespace = 'ratebucket'::regnamespace
 ORDER BY p.proname, p.pronargs;
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

@@ -6,6 +6,14 @@
 -- give the same answers and leave the same rows.
 --
 -- A rate of 1e-6 tokens/s refills nothing measurable during a test.
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
 
@@ -138,3 +146,8 @@ RESET enable_seqscan;
 DROP TABLE storage_log;
 DROP FUNCTION storage_log_row();
 DROP FUNCTION storage_story(text);
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

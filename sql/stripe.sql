@@ -5,6 +5,15 @@
 -- (Which stripe a session starts at depends on its process id, so the
 -- stripes' tokens are shown sorted.)
 --
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 \set VERBOSITY terse
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets
@@ -186,3 +195,8 @@ SELECT ratebucket.bucket_stripe('s:rate', 4);
 SELECT pg_temp.try($$SELECT ratebucket.bucket_configure_quota('s:rate', 100, 'day')$$) AS quota_a_striped;
 SELECT stripes, conf_rate, conf_capacity, quota FROM ratebucket.bucket_status WHERE endpoint = 's:rate';
 SELECT ratebucket.bucket_drop('s:quota'), ratebucket.bucket_drop('s:rate');
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

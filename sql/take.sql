@@ -5,7 +5,15 @@
 -- between two calls, results are checked against bounds, not printed raw.
 -- A rate of 1e-6 tokens/s refills nothing measurable during a test.
 --
--- Start from an empty table (earlier tests leave buckets behind).
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
 
@@ -121,3 +129,8 @@ SELECT allowed FROM ratebucket.bucket_take('T:NEW', 0.000001, 5, 5);
 SELECT allowed FROM ratebucket.bucket_take('t:new ', 0.000001, 5, 5);
 SELECT allowed FROM ratebucket.bucket_take(repeat('x', 1024), 1, 1);
 SELECT count(*) AS buckets FROM ratebucket.buckets;
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

@@ -1,6 +1,15 @@
 --
 -- take_all: several buckets at once, all or nothing.
 --
+
+-- Set-up: a fresh install, whatever an earlier test left behind (every
+-- test file runs alone or in any order).
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION ratebucket;
+
 SELECT count(*) >= 0 AS cleared
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
 
@@ -74,3 +83,8 @@ SELECT stmt, pg_temp.try(stmt) FROM (VALUES
 ) AS c(stmt);
 SELECT md5(string_agg(b::text, '|' ORDER BY b.endpoint)) = :'before' AS unchanged
 FROM ratebucket.buckets b;
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

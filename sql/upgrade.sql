@@ -5,12 +5,17 @@
 -- kept, and the new functions working on the old rows and closed to PUBLIC.
 -- (The model is contrib's oldextversions tests.)
 --
--- This test drops the extension, and with it the buckets and anything the
--- earlier tests left behind: it must stay last in REGRESS.  It leaves the
--- extension installed at the newest version.
+-- The fresh install runs the install script the build makes of
+-- sql/install/ratebucket.sql, the current surface written as one file: the
+-- comparison proves that file equal to 1.0 and every update.
 --
-SET client_min_messages = warning;	-- the CASCADE lists earlier tests' objects
+
+-- Set-up: no ratebucket yet, nor the roles of this test, whatever an
+-- earlier test left behind (every test file runs alone or in any order).
+SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS ratebucket CASCADE;
+DROP SCHEMA IF EXISTS ratebucket CASCADE;
+DROP ROLE IF EXISTS regress_rb_upgrade_worker, regress_rb_upgrade_nobody;
 RESET client_min_messages;
 
 --
@@ -164,6 +169,12 @@ CREATE EXTENSION ratebucket;
 SELECT extversion = (SELECT default_version FROM pg_available_extensions
 					 WHERE name = 'ratebucket') AS is_default_version
 FROM pg_extension WHERE extname = 'ratebucket';
+-- The newest version has an install script of its own (the built surface),
+-- so that is what this install ran, not 1.0 and the updates.
+SELECT (pg_stat_file(c.setting || '/extension/ratebucket--' || e.default_version || '.sql',
+					 true)).size > 0 AS has_its_own_install_script
+FROM pg_config AS c, pg_available_extensions AS e
+WHERE c.name = 'SHAREDIR' AND e.name = 'ratebucket';
 
 CREATE TEMP TABLE snap_fresh AS SELECT * FROM pg_temp.ext_objects();
 -- What the snapshot covers.
@@ -325,11 +336,11 @@ SELECT 'updated only', * FROM (SELECT * FROM pg_temp.ext_objects()
 							   EXCEPT SELECT * FROM snap_fresh) AS u;
 SELECT * FROM fresh_vs_updated ORDER BY object, property, side;
 
--- Without them, none: the symmetric difference is empty.  (Today the
--- newest version has no install script of its own, so CREATE EXTENSION
--- runs 1.0 and then the same update script; this comparison starts to bite
--- when a release ships a full ratebucket--X.sql.  The listing below, of
--- what the update changed, bites now.)
+-- Without them, none: the symmetric difference is empty.  The fresh
+-- install ran the current surface (sql/install/ratebucket.sql), the updated
+-- one 1.0 and every update script: any object, property, comment or
+-- privilege in which the two differ is listed here.  The listing below, of
+-- what the update changed, checks the update scripts themselves.
 REVOKE ALL ON SCHEMA ratebucket FROM regress_rb_upgrade_worker;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ratebucket FROM regress_rb_upgrade_worker;
 REVOKE ALL ON ratebucket.bucket_status FROM regress_rb_upgrade_worker;
@@ -429,7 +440,12 @@ FROM ratebucket.bucket_status WHERE endpoint = 'u:cooling';
 
 DROP ROLE regress_rb_upgrade_worker, regress_rb_upgrade_nobody;
 
--- The extension stays at the newest version.
+-- The extension is at the newest version.
 SELECT extversion = (SELECT default_version FROM pg_available_extensions
 					 WHERE name = 'ratebucket') AS is_default_version
 FROM pg_extension WHERE extname = 'ratebucket';
+
+-- Clean-up: nothing of this test is left behind (neither drop would pass
+-- without CASCADE if something were).
+DROP EXTENSION ratebucket;
+DROP SCHEMA ratebucket;

@@ -1,10 +1,12 @@
 # RatebucketTest — helpers shared by ratebucket's TAP tests (test/t/*.pl)
 # and the soak test (test/soak/).
 #
-# Only mechanics live here: reading a row of SQL, writing the pgbench take
-# scripts and reading pgbench's per-transaction logs, killing a server hard,
-# and the sliding-window query.  What a test asserts (the checks, thresholds,
-# test names and the figures it prints) stays in the test.
+# Only mechanics live here: the clusters the tests start (initialised and
+# configured alike, with the extension created), reading a row of SQL,
+# writing the pgbench take scripts and reading pgbench's per-transaction
+# logs, killing a server hard, and the sliding-window query.  What a test
+# asserts (the checks, thresholds, test names and the figures it prints)
+# stays in the test.
 #
 # The tests load it with
 #     use lib 'test/perl';
@@ -19,10 +21,14 @@ use strict;
 use warnings;
 
 use Exporter 'import';
+use PostgreSQL::Test::Cluster ();
 use PostgreSQL::Test::Utils ();
 use Time::HiRes ();
 
 our @EXPORT = qw(
+  new_node
+  start_node
+  create_extensions
   query_row
   take_script
   bucket_defines
@@ -32,6 +38,42 @@ our @EXPORT = qw(
   kill_server
   window_excess
 );
+
+# A new cluster called $name, initialised (with the options of $opt{init},
+# e.g. { allows_streaming => 1 }) and configured with log_statement = none
+# and then the lines of $opt{conf}; not started.  Cluster.pm has every
+# statement logged: at thousands of transactions per second that is only
+# noise and I/O.
+sub new_node
+{
+	my ($name, %opt) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	$node->init(%{ $opt{init} // {} });
+	$node->append_conf('postgresql.conf',
+		"\nlog_statement = none\n" . ($opt{conf} // ''));
+	return $node;
+}
+
+# new_node, started, with ratebucket created in its "postgres" database and
+# then the extensions of $opt{extensions} (e.g. ['amcheck']).
+sub start_node
+{
+	my ($name, %opt) = @_;
+	my $node = new_node($name, %opt);
+	$node->start;
+	create_extensions($node, @{ $opt{extensions} // [] });
+	return $node;
+}
+
+# CREATE EXTENSION ratebucket, then each of @more, in $node's "postgres"
+# database.
+sub create_extensions
+{
+	my ($node, @more) = @_;
+	$node->safe_psql('postgres',
+		join('', map { "CREATE EXTENSION $_;\n" } 'ratebucket', @more));
+	return;
+}
 
 # One row of a query on $node's "postgres" database, as a list of its
 # '|'-separated fields: most checks need a few numbers from one SELECT.

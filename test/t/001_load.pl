@@ -72,18 +72,10 @@ my $efficiency_min = 0.95;
 # says why.
 my $saturation_min = 2;
 
-my $node = PostgreSQL::Test::Cluster->new('load');
-$node->init;
-# Cluster.pm logs every statement; at thousands of transactions per second
-# that is only noise and I/O.  Connections: the clients, psql, and room.
-$node->append_conf('postgresql.conf', qq{
-log_statement = none
-max_connections = 30
-});
-$node->start;
+# Connections: the clients, psql, and room.
+my $node = start_node('load', conf => "max_connections = 30\n");
 
 $node->safe_psql('postgres', q{
-CREATE EXTENSION ratebucket;
 CREATE TABLE grants (
 	endpoint text NOT NULL,
 	at timestamptz NOT NULL DEFAULT clock_timestamp()

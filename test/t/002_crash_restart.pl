@@ -74,17 +74,10 @@ my %bucket = (
 	fast => { rate => 300, capacity => 30,  weight => 1 },);
 my @names = sort keys %bucket;
 
-my $node = PostgreSQL::Test::Cluster->new('crash');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-log_statement = none
-max_connections = 30
-});
-$node->start;
+my $node = start_node('crash', conf => "max_connections = 30\n",
+	extensions => ['amcheck']);
 
 $node->safe_psql('postgres', q{
-CREATE EXTENSION ratebucket;
-CREATE EXTENSION amcheck;
 CREATE TABLE grants (
 	endpoint text NOT NULL,
 	at timestamptz NOT NULL DEFAULT clock_timestamp()

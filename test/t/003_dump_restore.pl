@@ -39,14 +39,14 @@ use Test::More;
 use IPC::Run ();
 use Time::HiRes ();
 
+use lib 'test/perl';
+use RatebucketTest;
+
 my $t_start = Time::HiRes::time();
 
 # ------------------------------------------------------------------ source --
 
-my $source = PostgreSQL::Test::Cluster->new('source');
-$source->init;
-$source->append_conf('postgresql.conf', "log_statement = none\n");
-$source->start;
+my $source = start_node('source');
 
 # Endpoints with stored limits.  Names are SQL string literals' contents
 # (quotes doubled where needed) → [rate, capacity] as finally configured.
@@ -65,7 +65,6 @@ my %configured = (
 my @runtime = ('rt_1', 'rt_2_drained', 'rt_3');
 
 $source->safe_psql('postgres', qq{
-CREATE EXTENSION ratebucket;
 CREATE ROLE worker LOGIN;
 GRANT USAGE ON SCHEMA ratebucket TO worker;
 GRANT EXECUTE ON FUNCTION
@@ -156,9 +155,8 @@ like($toc, qr/TABLE DATA ratebucket buckets\b/, 'dump: has the data of ratebucke
 
 # ---------------------------------------------------------------- restore --
 
-my $target = PostgreSQL::Test::Cluster->new('target');
-$target->init;
-$target->append_conf('postgresql.conf', "log_statement = none\n");
+# No extension: the restore creates it.
+my $target = new_node('target');
 $target->start;
 # Roles are global objects, not in a database dump (pg_dumpall -g would
 # carry them): create the worker role first, as a migration would.

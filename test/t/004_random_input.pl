@@ -34,6 +34,9 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes ();
 
+use lib 'test/perl';
+use RatebucketTest;
+
 my $t_start = Time::HiRes::time();
 
 my $seed  = $ENV{RATEBUCKET_RANDOM_SEED} // 20240607;
@@ -44,18 +47,11 @@ srand($seed);
 note("004_random_input: seed $seed (rerun with RATEBUCKET_RANDOM_SEED=$seed), $calls calls");
 diag("random input seed: $seed");
 
-my $node = PostgreSQL::Test::Cluster->new('random_input');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-log_statement = none
-log_min_messages = warning
+my $node = start_node('random_input', conf => qq{log_min_messages = warning
 log_min_error_statement = panic
-});
-$node->start;
+}, extensions => ['amcheck']);
 
 $node->safe_psql('postgres', q{
-CREATE EXTENSION ratebucket;
-CREATE EXTENSION amcheck;
 CREATE SCHEMA fz;
 CREATE TABLE fz.log (
 	n serial,

@@ -103,17 +103,11 @@ sub scenario
 	my $sync = $mode eq 'sync';
 	my $t0   = Time::HiRes::time();
 
-	my $primary = PostgreSQL::Test::Cluster->new("${mode}_primary");
-	$primary->init(allows_streaming => 1);
-	$primary->append_conf('postgresql.conf', qq{
-log_statement = none
-max_connections = 30
-synchronous_commit = on
-});
-	$primary->start;
+	my $primary = start_node("${mode}_primary",
+		init => { allows_streaming => 1 },
+		conf => "max_connections = 30\nsynchronous_commit = on\n",
+		extensions => ['amcheck']);
 	$primary->safe_psql('postgres', q{
-CREATE EXTENSION ratebucket;
-CREATE EXTENSION amcheck;
 CREATE TABLE grants (
 	endpoint text NOT NULL,
 	at timestamptz NOT NULL DEFAULT clock_timestamp()

@@ -112,12 +112,8 @@ my @phases = (
 	[ C => '+0',  0 ],
 	[ D => '+1d', 86400 ],);
 
-my $node = PostgreSQL::Test::Cluster->new('clock');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-log_statement = none
-max_connections = 30
-});
+# Started below, under libfaketime.
+my $node = new_node('clock', conf => "max_connections = 30\n");
 
 my $ft_file = $node->basedir . '/faketime.rc';
 sub set_offset
@@ -173,9 +169,8 @@ check_offset('(trial)', -3600);
 set_offset('+0');
 check_offset('A', 0);
 
+create_extensions($node, 'amcheck');
 $node->safe_psql('postgres', q{
-CREATE EXTENSION ratebucket;
-CREATE EXTENSION amcheck;
 CREATE SEQUENCE grant_seq;
 CREATE TABLE grants (
 	endpoint  text NOT NULL,

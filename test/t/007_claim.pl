@@ -69,15 +69,7 @@ use Test::More;
 use lib 'test/perl';
 use RatebucketTest;
 
-my $node = PostgreSQL::Test::Cluster->new('claim');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-log_statement = none
-max_connections = 40
-});
-$node->start;
-
-$node->safe_psql('postgres', 'CREATE EXTENSION ratebucket');
+my $node = start_node('claim', conf => "max_connections = 40\n");
 $node->safe_psql('postgres', slurp_file('demo/queue.sql'));
 
 # A rate so low that nothing refills while a check runs.

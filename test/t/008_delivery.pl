@@ -36,6 +36,9 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+use lib 'test/perl';
+use RatebucketTest;
+
 # The dispatcher and the simulator, built against this PostgreSQL's libpq.
 my $pg_config = $ENV{PG_CONFIG} || 'pg_config';
 my ($build_out, $build_err) = run_command(
@@ -43,13 +46,8 @@ my ($build_out, $build_err) = run_command(
 ok(-x 'demo/dispatcher' && -x 'demo/simulator', 'dispatcher and simulator built')
   or BAIL_OUT("make -C demo failed: $build_err");
 
-my $node = PostgreSQL::Test::Cluster->new('delivery');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-log_statement = none
-max_connections = 40
-autovacuum_naptime = 2s
-});
+# No extension yet: demo/scenario creates it, as a user would.
+my $node = new_node('delivery', conf => "max_connections = 40\nautovacuum_naptime = 2s\n");
 $node->start;
 
 my $work = PostgreSQL::Test::Utils::tempdir();

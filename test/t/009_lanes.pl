@@ -31,16 +31,9 @@ use Test::More;
 use lib 'test/perl';
 use RatebucketTest;
 
-my $node = PostgreSQL::Test::Cluster->new('lanes');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-log_statement = none
-max_connections = 30
-});
-$node->start;
+my $node = start_node('lanes', conf => "max_connections = 30\n");
 
 $node->safe_psql('postgres', q{
-CREATE EXTENSION ratebucket;
 SELECT ratebucket.bucket_configure('acct', 100, 100);
 SELECT ratebucket.bucket_configure('acct.bulk', 70, 70);
 CREATE TABLE grants (

@@ -19,18 +19,14 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $node = PostgreSQL::Test::Cluster->new('inflight');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-log_statement = none
-max_connections = 30
-});
-$node->start;
+use lib 'test/perl';
+use RatebucketTest;
+
+my $node = start_node('inflight', conf => "max_connections = 30\n");
 
 sub sql { return $node->safe_psql('postgres', $_[0]); }
 
 sql(q{
-CREATE EXTENSION ratebucket;
 SELECT ratebucket.inflight_configure('acct', 3, '1 minute');
 CREATE TABLE held (slot bigint PRIMARY KEY, acquired timestamptz NOT NULL, released timestamptz);
 CREATE SEQUENCE refused;

@@ -30,16 +30,9 @@ use Test::More;
 use lib 'test/perl';
 use RatebucketTest;
 
-my $node = PostgreSQL::Test::Cluster->new('quota');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-log_statement = none
-max_connections = 30
-});
-$node->start;
+my $node = start_node('quota', conf => "max_connections = 30\n");
 
 $node->safe_psql('postgres', q{
-CREATE EXTENSION ratebucket;
 SELECT ratebucket.bucket_configure_quota('acct.monthly', 300, 'month', 'Asia/Tokyo');
 SELECT ratebucket.bucket_configure('ep', 1000, 1000);
 CREATE TABLE grants (

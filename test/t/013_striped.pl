@@ -1,4 +1,4 @@
-# 011_striped.pl — one hot endpoint, striped (bucket_stripe), under
+# 013_striped.pl — one hot endpoint, striped (bucket_stripe), under
 # saturating demand from many clients.
 #
 # The endpoint allows 400/s (burst 40), striped over 8 rows of 50/s (burst
@@ -40,19 +40,11 @@ use Test::More;
 use lib 'test/perl';
 use RatebucketTest;
 
-my $node = PostgreSQL::Test::Cluster->new('striped');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-log_statement = none
-max_connections = 40
-synchronous_commit = off
-});
-$node->start;
+my $node = start_node('striped', conf => "max_connections = 40\nsynchronous_commit = off\n");
 
 my ($rate, $capacity, $stripes, $clients, $seconds) = (400, 40, 8, 24, 5);
 
 $node->safe_psql('postgres', qq{
-CREATE EXTENSION ratebucket;
 SELECT ratebucket.bucket_configure('hot', $rate, $capacity);
 SELECT ratebucket.bucket_stripe('hot', $stripes);
 CREATE TABLE grants (at timestamptz NOT NULL DEFAULT clock_timestamp());
