@@ -352,7 +352,8 @@ SELECT * FROM fresh_vs_updated ORDER BY object, property, side;
 -- bucket_configure_quota, quota_window, quota_now; bucket_stripes,
 -- bucket_stripe, stripe_key, the view's stripes) and of 1.3
 -- (bucket_grantable, bucket_claimable's configured_only form, the type
--- batch_request, bucket_take_batch, inflight_acquire's new body), with all their
+-- batch_request, bucket_take_batch, inflight_acquire's new body) and of 1.4
+-- (the in-flight functions' language, library and C symbol), with all their
 -- properties (privileges and comments included), and nothing else.  A later
 -- version's update adds its own lines here.
 SELECT coalesce(n.object, o.object) AS object, coalesce(n.property, o.property) AS property,

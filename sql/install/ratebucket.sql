@@ -13,7 +13,8 @@
  * and changes this file to match: installing it must give exactly what 1.0
  * and every update give (the regression test upgrade.sql compares the two
  * object by object).  Where an update replaced a function (1.3 replaced
- * inflight_acquire), this file has only the replacement.
+ * inflight_acquire, 1.4 the in-flight functions' PL/pgSQL by C), this file
+ * has only the replacement.
  */
 
 -- complain if script is sourced in psql, rather than via CREATE EXTENSION
@@ -530,9 +531,9 @@ COMMENT ON FUNCTION ratebucket.stripe_key(text, int, int) IS
 
 --
 -- In-flight caps (the tables ratebucket.inflight_caps and inflight_slots,
--- above).  The functions run as the extension's owner (SECURITY DEFINER, a
--- fixed search_path, every operator schema-qualified), so no role needs
--- privileges on the tables.
+-- above), in C (src/bucket/inflight.c).  The functions run as the
+-- extension's owner (SECURITY DEFINER, a fixed search_path, every table and
+-- operator schema-qualified), so no role needs privileges on the tables.
 --
 
 CREATE FUNCTION ratebucket.inflight_configure(
@@ -540,180 +541,50 @@ CREATE FUNCTION ratebucket.inflight_configure(
 	cap int,
 	lease interval DEFAULT '5 minutes')
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'ratebucket_inflight_configure'
+LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100
 SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF key IS NULL OR cap IS NULL OR lease IS NULL THEN
-		RAISE EXCEPTION 'key, cap and lease must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF pg_catalog.length(key) OPERATOR(pg_catalog.=) 0
-	   OR pg_catalog.octet_length(key) OPERATOR(pg_catalog.>) 1024 THEN
-		RAISE EXCEPTION 'key must be 1 to 1024 bytes'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF cap OPERATOR(pg_catalog.<) 0 THEN
-		RAISE EXCEPTION 'cap must not be negative'
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = pg_catalog.format('The value given was %s.', cap);
-	END IF;
-	IF lease OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
-		RAISE EXCEPTION 'lease must be a positive interval'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	INSERT INTO ratebucket.inflight_caps AS c (key, cap, lease, configured_at)
-	VALUES (key, cap, lease, pg_catalog.clock_timestamp())
-	ON CONFLICT ON CONSTRAINT inflight_caps_pkey DO UPDATE
-	SET cap = excluded.cap, lease = excluded.lease, configured_at = excluded.configured_at;
-END;
-$$;
+SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION ratebucket.inflight_configure(text, int, interval) IS
 'Allow at most cap slots of key in flight at once, each held for at most lease unless renewed (cap 0 holds everything back). Slots already held are kept; a lower cap only stops new ones.';
 
 CREATE FUNCTION ratebucket.inflight_acquire(key text, n int DEFAULT 1)
 RETURNS bigint[]
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'ratebucket_inflight_acquire'
+LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100
 SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	c ratebucket.inflight_caps;
-	now timestamptz;
-	held int;
-	k int;
-	slots bigint[];
-BEGIN
-	IF key IS NULL OR n IS NULL THEN
-		RAISE EXCEPTION 'key and n must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF n OPERATOR(pg_catalog.<) 1 THEN
-		RAISE EXCEPTION 'n must be at least 1'
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = pg_catalog.format('The value given was %s.', n);
-	END IF;
-	-- The cap's row serialises the acquires of one key until commit.  An
-	-- update rather than a lock: under REPEATABLE READ a concurrent acquire
-	-- then fails with a serialization error instead of counting the slots
-	-- from its older snapshot.
-	UPDATE ratebucket.inflight_caps AS ic SET cap = ic.cap
-	WHERE ic.key OPERATOR(pg_catalog.=) inflight_acquire.key
-	RETURNING ic.* INTO c;
-	IF NOT FOUND THEN
-		RAISE EXCEPTION 'key "%" has no in-flight cap', key
-			USING ERRCODE = 'undefined_object',
-				  HINT = 'Call ratebucket.inflight_configure(key, cap) first.';
-	END IF;
-	now := pg_catalog.clock_timestamp();
-	-- A slot whose lease ran out belongs to a worker that died or hung.
-	-- One that another transaction is deleting (a late release) is left
-	-- to it and counted as held: waiting for that transaction, while a
-	-- claim holds bucket rows its release may want next, could deadlock.
-	DELETE FROM ratebucket.inflight_slots AS s
-	WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
-		SELECT x.ctid FROM ratebucket.inflight_slots AS x
-		WHERE x.key OPERATOR(pg_catalog.=) inflight_acquire.key
-		  AND x.lease_until OPERATOR(pg_catalog.<=) now
-		FOR UPDATE SKIP LOCKED));
-	SELECT pg_catalog.count(*)::int INTO held
-	FROM ratebucket.inflight_slots AS s
-	WHERE s.key OPERATOR(pg_catalog.=) inflight_acquire.key;
-	k := LEAST(n, c.cap OPERATOR(pg_catalog.-) held);
-	IF k OPERATOR(pg_catalog.<=) 0 THEN
-		RETURN '{}'::bigint[];
-	END IF;
-	WITH ins AS (
-		INSERT INTO ratebucket.inflight_slots (key, acquired_at, lease_until)
-		SELECT inflight_acquire.key, now, now OPERATOR(pg_catalog.+) c.lease
-		FROM pg_catalog.generate_series(1, k)
-		RETURNING slot)
-	SELECT pg_catalog.array_agg(ins.slot ORDER BY ins.slot) INTO slots FROM ins;
-	RETURN slots;
-END;
-$$;
+SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION ratebucket.inflight_acquire(text, int) IS
 'Acquire up to n slots of key, as many as its cap leaves free (after reclaiming slots whose lease ran out; one that another transaction is releasing is not waited for and counts as held). Returns their ids, an empty array if none is free. The acquires of one key wait for each other until commit; a rollback gives the slots back.';
 
 CREATE FUNCTION ratebucket.inflight_release(key text, slots bigint[])
 RETURNS int
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'ratebucket_inflight_release'
+LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100
 SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	n int;
-BEGIN
-	IF key IS NULL OR slots IS NULL THEN
-		RAISE EXCEPTION 'key and slots must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	DELETE FROM ratebucket.inflight_slots AS s
-	WHERE s.key OPERATOR(pg_catalog.=) inflight_release.key
-	  AND s.slot OPERATOR(pg_catalog.=) ANY (slots);
-	GET DIAGNOSTICS n = ROW_COUNT;
-	RETURN n;
-END;
-$$;
+SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION ratebucket.inflight_release(text, bigint[]) IS
 'Release slots of key (when their deliveries'' outcomes are recorded). Returns how many were still held: a slot whose lease ran out may already have been reclaimed.';
 
 CREATE FUNCTION ratebucket.inflight_renew(key text, slots bigint[], lease interval DEFAULT NULL)
 RETURNS int
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'ratebucket_inflight_renew'
+LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100
 SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	n int;
-BEGIN
-	IF key IS NULL OR slots IS NULL THEN
-		RAISE EXCEPTION 'key and slots must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF lease OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
-		RAISE EXCEPTION 'lease must be a positive interval'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	UPDATE ratebucket.inflight_slots AS s
-	SET lease_until = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+)
-		COALESCE(inflight_renew.lease, c.lease)
-	FROM ratebucket.inflight_caps AS c
-	WHERE c.key OPERATOR(pg_catalog.=) s.key
-	  AND s.key OPERATOR(pg_catalog.=) inflight_renew.key
-	  AND s.slot OPERATOR(pg_catalog.=) ANY (slots)
-	  AND s.lease_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp();
-	GET DIAGNOSTICS n = ROW_COUNT;
-	RETURN n;
-END;
-$$;
+SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION ratebucket.inflight_renew(text, bigint[], interval) IS
 'Extend the lease of slots of key still held, by lease from now (NULL: the cap''s lease), for a delivery that takes longer than its lease. Returns how many were renewed; an expired slot is not.';
 
 CREATE FUNCTION ratebucket.inflight_drop(key text)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'ratebucket_inflight_drop'
+LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100
 SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	found_cap boolean;
-BEGIN
-	-- The cap's row first: an acquire in progress holds it, so its slots
-	-- are committed (or gone) before the slots are deleted.
-	DELETE FROM ratebucket.inflight_caps AS c
-	WHERE c.key OPERATOR(pg_catalog.=) inflight_drop.key;
-	found_cap := FOUND;
-	DELETE FROM ratebucket.inflight_slots AS s
-	WHERE s.key OPERATOR(pg_catalog.=) inflight_drop.key;
-	RETURN found_cap;
-END;
-$$;
+SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION ratebucket.inflight_drop(text) IS
 'Forget the in-flight cap of key and every slot it holds. False if there was none.';

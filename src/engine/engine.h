@@ -49,8 +49,10 @@ typedef struct RbTakeRequest
 	bool		nowait;			/* never wait for a row another holds */
 } RbTakeRequest;
 
-/* take.c */
+/* decide.c: the error for a take larger than its bucket */
 extern void rb_check_request_fits(const RbTakeRequest *req, double capacity);
+
+/* take.c */
 extern RbTakeResult rb_engine_take(text *endpoint, const RbTakeRequest *req,
 								   double *granted);
 

@@ -27,9 +27,9 @@ rb_peek_row(RbBucket *bucket, double want, int64 upto, TimestampTz now,
 	bool		write;
 
 	return rb_bucket_decide(bucket,
-					 configured ? bucket->conf_rate : bucket->rate,
-					 configured ? bucket->conf_capacity : bucket->capacity,
-					 want, upto, now, &write, granted);
+							configured ? bucket->conf_rate : bucket->rate,
+							configured ? bucket->conf_capacity : bucket->capacity,
+							want, upto, now, &write, granted);
 }
 
 /*
