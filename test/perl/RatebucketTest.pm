@@ -1,5 +1,4 @@
-# RatebucketTest — helpers shared by ratebucket's TAP tests (test/t/*.pl)
-# and the soak test (test/soak/).
+# RatebucketTest — helpers shared by ratebucket's TAP tests (test/t/*.pl).
 #
 # Only mechanics live here: the clusters the tests start (initialised and
 # configured alike, with the extension created), reading a row of SQL,
