@@ -1,4 +1,4 @@
-# soak.pl — 32 clients for a minute of mixed operations (issue 7, item 8).
+# soak.pl — 32 clients for a minute of mixed operations.
 #
 # Not under test/t, so `make installcheck` (and ./test/run) never runs it.
 # Run it with test/soak/run (see there), or by hand like the TAP tests:

@@ -1,4 +1,4 @@
-# 004_random_input.pl — hostile input at every SQL function (issue 7 item 6).
+# 004_random_input.pl — hostile input at every SQL function.
 #
 # Thousands of calls with generated arguments (NaN, +-Infinity, subnormals,
 # -0, huge and negative numbers, NULLs, empty, 1024/1025-byte and longer

@@ -1,5 +1,5 @@
 # 005_failover.pl — the primary dies mid-load, its streaming standby is
-# promoted and takes over the load: what do the buckets keep? (issue 7)
+# promoted and takes over the load: what do the buckets keep?
 #
 # Two scenarios, each with a fresh primary and a streaming standby made from
 # its base backup ($node_primary->backup, init_from_backup(has_streaming)):

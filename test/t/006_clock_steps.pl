@@ -1,6 +1,6 @@
 # 006_clock_steps.pl — the server's wall clock steps backwards and forwards
 # mid-load (invariant 5, "One clock": a clock that steps backwards refills
-# nothing and never corrupts state; issue 7).
+# nothing and never corrupts state).
 #
 # How the clock is stepped: the postmaster runs under libfaketime (Debian
 # package "libfaketime"), preloaded with
