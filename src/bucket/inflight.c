@@ -331,6 +331,7 @@ rb_inflight_missing(char **keys, int n)
 	Datum	   *elems = palloc(sizeof(Datum) * Max(n, 1));
 	Datum		values[1];
 	char	   *missing = NULL;
+	MemoryContext callcxt = CurrentMemoryContext;
 	int			i;
 
 	if (n == 0)
@@ -350,7 +351,7 @@ rb_inflight_missing(char **keys, int n)
 	{
 		char	   *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 
-		missing = MemoryContextStrdup(CurTransactionContext, v);
+		missing = MemoryContextStrdup(callcxt, v);
 	}
 	rb_inflight_finish();
 	return missing;

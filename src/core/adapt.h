@@ -50,7 +50,7 @@ typedef struct RbAdapt
 	int64_t		probe_at;		/* half-open probe let through at */
 } RbAdapt;
 
-/* What a response means for the bucket (see the README's outcome table). */
+/* What a response means for the bucket (doc/feedback.md, the outcome table). */
 typedef enum RbOutcome
 {
 	RB_OUTCOME_SUCCESS,			/* 2xx */
