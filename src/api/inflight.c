@@ -155,7 +155,5 @@ ratebucket_inflight_renew(PG_FUNCTION_ARGS)
 Datum
 ratebucket_inflight_drop(PG_FUNCTION_ARGS)
 {
-	if (PG_ARGISNULL(0))
-		PG_RETURN_BOOL(false);
-	PG_RETURN_BOOL(rb_inflight_drop(PG_GETARG_TEXT_PP(0)));
+	PG_RETURN_BOOL(rb_inflight_drop(PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0)));
 }

@@ -29,6 +29,7 @@
 #include "parser/parse_func.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
 #include "bucket/inflight.h"
@@ -261,9 +262,9 @@ rb_inflight_release(text *key, ArrayType *slots)
 int
 rb_inflight_renew(text *key, ArrayType *slots, Interval *lease)
 {
-	Oid			argtypes[4] = {TEXTOID, INT8ARRAYOID, INTERVALOID, TIMESTAMPTZOID};
-	Datum		values[4];
-	char		nulls[4] = {' ', ' ', ' ', ' '};
+	Oid			argtypes[3] = {TEXTOID, INT8ARRAYOID, INTERVALOID};
+	Datum		values[3];
+	char		nulls[3] = {' ', ' ', ' '};
 	int			n;
 
 	values[0] = PointerGetDatum(key);
@@ -271,18 +272,23 @@ rb_inflight_renew(text *key, ArrayType *slots, Interval *lease)
 	values[2] = lease != NULL ? IntervalPGetDatum(lease) : (Datum) 0;
 	if (lease == NULL)
 		nulls[2] = 'n';
-	values[3] = TimestampTzGetDatum(GetCurrentTimestamp());
 	rb_inflight_connect();
+
+	/*
+	 * The clock is read for each row, as it is found and as it is checked
+	 * again after waiting for a holder of the row: a slot that expired
+	 * during the wait is not renewed.
+	 */
 	rb_inflight_exec(rb_spi_plan(&renew_plan,
 								 "UPDATE ratebucket.inflight_slots AS s"
-								 " SET lease_until = $4 OPERATOR(pg_catalog.+)"
+								 " SET lease_until = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+)"
 								 " COALESCE($3, c.lease)"
 								 " FROM ratebucket.inflight_caps AS c"
 								 " WHERE c.key OPERATOR(pg_catalog.=) s.key"
 								 " AND s.key OPERATOR(pg_catalog.=) $1"
 								 " AND s.slot OPERATOR(pg_catalog.=) ANY ($2)"
-								 " AND s.lease_until OPERATOR(pg_catalog.>) $4",
-								 4, argtypes),
+								 " AND s.lease_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()",
+								 3, argtypes),
 					 values, nulls, SPI_OK_UPDATE);
 	n = (int) SPI_processed;
 	rb_inflight_finish();
@@ -292,14 +298,16 @@ rb_inflight_renew(text *key, ArrayType *slots, Interval *lease)
 /*
  * rb_inflight_drop
  *		Forget the cap of key and every slot it holds; false if there was
- *		none.  The cap's row first: an acquire in progress holds it, so its
- *		slots are committed (or gone) before the slots are deleted.
+ *		none (a NULL key names none).  The cap's row first: an acquire in
+ *		progress holds it, so its slots are committed (or gone) before the
+ *		slots are deleted.
  */
 bool
 rb_inflight_drop(text *key)
 {
 	Oid			argtypes[1] = {TEXTOID};
 	Datum		values[1];
+	char		nulls[1] = {key == NULL ? 'n' : ' '};
 	bool		found;
 
 	values[0] = PointerGetDatum(key);
@@ -308,13 +316,13 @@ rb_inflight_drop(text *key)
 								 "DELETE FROM ratebucket.inflight_caps AS c"
 								 " WHERE c.key OPERATOR(pg_catalog.=) $1",
 								 1, argtypes),
-					 values, NULL, SPI_OK_DELETE);
+					 values, nulls, SPI_OK_DELETE);
 	found = SPI_processed > 0;
 	rb_inflight_exec(rb_spi_plan(&drop_slots_plan,
 								 "DELETE FROM ratebucket.inflight_slots AS s"
 								 " WHERE s.key OPERATOR(pg_catalog.=) $1",
 								 1, argtypes),
-					 values, NULL, SPI_OK_DELETE);
+					 values, nulls, SPI_OK_DELETE);
 	rb_inflight_finish();
 	return found;
 }
@@ -359,8 +367,10 @@ rb_inflight_missing(char **keys, int n)
 
 /*
  * rb_inflight_check_acquire
- *		The privilege an acquire needs: EXECUTE on inflight_acquire, which a
- *		batch that acquires slots for its caller checks for that caller.
+ *		The privileges an acquire needs, as a call of inflight_acquire by
+ *		roleid would check them: USAGE on its schema and EXECUTE on it.  A
+ *		batch that acquires slots for its caller checks them for that
+ *		caller.
  */
 void
 rb_inflight_check_acquire(Oid roleid)
@@ -369,8 +379,16 @@ rb_inflight_check_acquire(Oid roleid)
 	List	   *name = list_make2(makeString("ratebucket"),
 								  makeString("inflight_acquire"));
 	Oid			fn = LookupFuncName(name, 2, argtypes, false);
+	Oid			nsp = get_func_namespace(fn);
 	AclResult	acl;
 
+#if PG_VERSION_NUM >= 160000
+	acl = object_aclcheck(NamespaceRelationId, nsp, roleid, ACL_USAGE);
+#else
+	acl = pg_namespace_aclcheck(nsp, roleid, ACL_USAGE);
+#endif
+	if (acl != ACLCHECK_OK)
+		aclcheck_error(acl, OBJECT_SCHEMA, get_namespace_name(nsp));
 #if PG_VERSION_NUM >= 160000
 	acl = object_aclcheck(ProcedureRelationId, fn, roleid, ACL_EXECUTE);
 #else

@@ -39,11 +39,16 @@ rb_decide_request(RbBucket *bucket, const RbTakeRequest *req, TimestampTz now,
 	return true;
 }
 
-/* Does the request fit the capacity (else an error, raised under the lock)? */
+/*
+ * Does the request fit the capacity (else an error, raised under the lock)?
+ * Written as the negation of the error's test, so that a capacity that is
+ * not a number (a row edited by hand) is treated as the error's test treats
+ * it.
+ */
 static bool
 rb_request_fits(const RbTakeRequest *req, double capacity)
 {
-	return req->upto > 0 ? capacity >= 1.0 : req->want <= capacity;
+	return !(req->upto > 0 ? capacity < 1.0 : req->want > capacity);
 }
 
 /*
