@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS ratebucket CASCADE;
 DROP SCHEMA IF EXISTS ratebucket CASCADE;
-DROP ROLE IF EXISTS regress_rb_nobody, regress_rb_worker, regress_rb_admin;
+DROP ROLE IF EXISTS regress_rb_nobody, regress_rb_worker, regress_rb_admin, regress_rb_batcher;
 RESET client_min_messages;
 CREATE EXTENSION ratebucket;
 
@@ -146,6 +146,43 @@ RESET search_path;
 SELECT count(*) AS planted_table_rows FROM regress_evil.buckets;
 
 DROP SCHEMA regress_evil CASCADE;
+
+--
+-- bucket_take_batch acquires in-flight slots on its caller's behalf: only
+-- for a caller that may call inflight_acquire itself.  A role granted the
+-- batch alone gets a batch without a cap, and an error for one with a cap,
+-- which then spends no token and holds no slot; granted inflight_acquire,
+-- it gets both.
+--
+CREATE ROLE regress_rb_batcher;
+GRANT USAGE ON SCHEMA ratebucket TO regress_rb_batcher;
+GRANT EXECUTE ON FUNCTION ratebucket.bucket_take_batch(ratebucket.batch_request[])
+	TO regress_rb_batcher;
+SELECT ratebucket.bucket_configure('p:batch', 0.000001, 5);
+SELECT in_flight AS slots_before FROM ratebucket.inflight_status WHERE key = 'p:cap' \gset
+SET ROLE regress_rb_batcher;
+SELECT request, granted, slots
+FROM ratebucket.bucket_take_batch(ARRAY[ROW(ARRAY['p:batch'], 2, NULL)::ratebucket.batch_request]);
+SELECT pg_temp.try($$SELECT * FROM ratebucket.bucket_take_batch(
+	ARRAY[ROW(ARRAY['p:batch'], 2, 'p:cap')::ratebucket.batch_request])$$);
+RESET ROLE;
+SELECT takes_granted, round(tokens::numeric, 3) AS tokens
+FROM ratebucket.bucket_status WHERE endpoint = 'p:batch';
+SELECT in_flight = :slots_before AS no_slot_held
+FROM ratebucket.inflight_status WHERE key = 'p:cap';
+GRANT EXECUTE ON FUNCTION ratebucket.inflight_acquire(text, int) TO regress_rb_batcher;
+SET ROLE regress_rb_batcher;
+SELECT request, granted, cardinality(slots) AS slots
+FROM ratebucket.bucket_take_batch(ARRAY[ROW(ARRAY['p:batch'], 2, 'p:cap')::ratebucket.batch_request]);
+RESET ROLE;
+SELECT takes_granted, round(tokens::numeric, 3) AS tokens
+FROM ratebucket.bucket_status WHERE endpoint = 'p:batch';
+SELECT in_flight - :slots_before AS slots_held
+FROM ratebucket.inflight_status WHERE key = 'p:cap';
+REVOKE ALL ON SCHEMA ratebucket FROM regress_rb_batcher;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ratebucket FROM regress_rb_batcher;
+DROP ROLE regress_rb_batcher;
+
 REVOKE ALL ON SCHEMA ratebucket FROM regress_rb_worker, regress_rb_admin;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ratebucket FROM regress_rb_worker, regress_rb_admin;
 REVOKE ALL ON ratebucket.bucket_status, ratebucket.inflight_status FROM regress_rb_worker, regress_rb_admin;
