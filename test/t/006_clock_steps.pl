@@ -216,12 +216,15 @@ my $bench  = IPC::Run::start(
 
 # Samples of the bucket rows: [phase, real time, endpoint, refilled_at (epoch),
 # server clock (epoch), refilled_at (text)].
+# One session for all of them: a new psql per sample can take longer than a
+# phase on a loaded machine.
 my @samples;
+my $sampler = $node->background_psql('postgres');
 sub sample
 {
 	my ($phase) = @_;
 	my $t   = Time::HiRes::time();
-	my $out = $node->safe_psql('postgres', q{
+	my $out = $sampler->query_safe(q{
 SELECT endpoint, extract(epoch FROM refilled_at), extract(epoch FROM clock_timestamp()), refilled_at
 FROM ratebucket.buckets WHERE endpoint IN ('low', 'high') ORDER BY endpoint});
 	my %row;
@@ -283,6 +286,7 @@ for my $i (0 .. $#phases)
 	}
 }
 $bench->finish;
+$sampler->quit;
 my $t_end = Time::HiRes::time();
 is($? >> 8, 0, 'pgbench ran through every clock step without an error')
   or diag($bench_err);
