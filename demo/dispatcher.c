@@ -146,7 +146,8 @@ static const struct
      " ORDER BY id FOR UPDATE", 1},
     {"record",
      "SELECT record_delivery($1::bigint, $2::int, $3::text, $4::jsonb,"
-     " $5::boolean, claimed_lease => $6::timestamptz)", 6},
+     " $5::boolean, claimed_lease => $6::timestamptz,"
+     " sent_at => $6::timestamptz - make_interval(secs => $7::float8))", 7},
     {"next_due", "SELECT next_due()", 0},
     {"events_left", "SELECT events_left(clock_timestamp() + make_interval(secs => $1::float8))", 1},
     {"requeue_expired", "SELECT requeue_expired()", 0},
@@ -200,6 +201,7 @@ typedef struct Request
     CURLcode result;
     long status;                /* the HTTP status, 0: no response */
     bool sent;                  /* false: it never left (see request_left) */
+    double sent_mono;           /* now_s() when it was handed to libcurl */
     Captured captured[N_CAPTURED];
     char error[CURL_ERROR_SIZE];
 } Request;
@@ -237,6 +239,7 @@ typedef struct Worker
     Request *requests;
     int nrequests;              /* created so far (all, after worker_init) */
     PGresult *batch;            /* the claim's result, kept until recorded */
+    double claimed_mono;        /* now_s() as the claim was sent */
     bool notified;              /* a NOTIFY came since the last claim began */
     Buf ids;                    /* scratch: the batch's ids, '{1,2,...}' */
     Buf json;                   /* scratch: the headers argument */
@@ -895,6 +898,7 @@ start_request(Worker *w, Request *r, int row)
         return false;
     }
     r->active = true;
+    r->sent_mono = now_s();
     return true;
 
 no_memory:
@@ -1173,7 +1177,8 @@ record_batch(Worker *w, int n, Stats *st)
     {
         const Request *r = &w->requests[i];
         char status[24];
-        const char *values[6];
+        char before_lease[32];
+        const char *values[7];
 
         values[0] = PQgetvalue(w->batch, r->row, COL_ID);
         values[1] = NULL;
@@ -1187,9 +1192,17 @@ record_batch(Worker *w, int n, Stats *st)
         values[4] = r->sent ? "true" : "false";
         /* the lease this worker claimed it with: a later claim's is not ours */
         values[5] = PQgetvalue(w->batch, r->row, COL_LEASE);
+        /*
+         * When it was sent, on the database's clock: the lease ends
+         * lease_seconds after the claim's transaction began, and the request
+         * left (sent_mono - claimed_mono) after that.
+         */
+        snprintf(before_lease, sizeof(before_lease), "%.6f",
+                 opt.lease_seconds - (r->sent_mono - w->claimed_mono));
+        values[6] = before_lease;
 
         snprintf(what, sizeof(what), "record_delivery(event %s)", values[0]);
-        res = run_prepared(w, "record", 6, values);
+        res = run_prepared(w, "record", 7, values);
         if (PQresultStatus(res) != PGRES_TUPLES_OK)
             goto fail;
         if (PQntuples(res) != 1 || PQnfields(res) != 1)
@@ -1264,6 +1277,7 @@ claim(Worker *w, Stats *st)
     w->notified = false;        /* from now on, a NOTIFY may be news */
     for (int try = 0;; try++)
     {
+        w->claimed_mono = now_s();
         res = run_prepared(w, "claim", 3, values);
         if (PQresultStatus(res) == PGRES_TUPLES_OK)
             break;

@@ -167,8 +167,10 @@ $$;
 --    (bucket_wait of the endpoint and of each limit, the longest: a
 --    cooldown, an open breaker, a pause, or the refill), or, if the
 --    endpoint has events parked already, one token after the last of them
---    (webhook_parking keeps where they end; ignored when the rate rose by
---    more than half since they were parked).  So the next
+--    (webhook_parking keeps where they end and at what rate; those still
+--    ahead count at the rate in force now, so that a rate that rose since
+--    they were parked is followed at once; one that rose by more than half
+--    starts from the next token).  So the next
 --    claims do not walk over them again, lower-priority events of endpoints
 --    that have tokens go meanwhile, and each parked event comes back due
 --    about when it can be sent, in its order (at most a year ahead).  One
@@ -391,24 +393,27 @@ BEGIN
           ON r.endpoint = p.endpoint
         ON CONFLICT (endpoint) DO UPDATE
         -- After the events parked before, one token after the last (or from
-        -- the next token, if later), unless the rate rose by more than half
-        -- since they were parked (a reconfiguration, or a recovery from
-        -- feedback): then from the next token again, not behind events
-        -- spaced at the old pace.
+        -- the next token, if later), the events still parked ahead counted
+        -- at the rate in force now: when the rate rose since they were
+        -- parked (a recovery from feedback), the new ones follow at the new
+        -- pace, not behind events spaced at the old one.  A rate more than
+        -- half as fast again (a reconfiguration) starts from the next token.
         SET parked_from = CASE
                 WHEN excluded.rate > 0 AND excluded.rate <= 1.5 * c.rate THEN
                     least(greatest(excluded.parked_from,
-                                   c.parked_until
-                                       + make_interval(secs => least(1 / excluded.rate,
-                                                                     366 * 86400.0))),
+                                   now() + make_interval(secs => least(
+                                       (greatest(extract(epoch FROM c.parked_until - now()), 0)
+                                            * c.rate + 1) / excluded.rate,
+                                       366 * 86400.0))),
                           now() + interval '366 days')
                 ELSE excluded.parked_from END,
             parked_until = CASE
                 WHEN excluded.rate > 0 AND excluded.rate <= 1.5 * c.rate THEN
                     least(greatest(excluded.parked_until,
-                                   c.parked_until
-                                       + make_interval(secs => least(excluded.parked / excluded.rate,
-                                                                     366 * 86400.0))),
+                                   now() + make_interval(secs => least(
+                                       (greatest(extract(epoch FROM c.parked_until - now()), 0)
+                                            * c.rate + excluded.parked) / excluded.rate,
+                                       366 * 86400.0))),
                           now() + interval '366 days')
                 ELSE excluded.parked_until END,
             rate = excluded.rate, parked = excluded.parked
@@ -540,7 +545,10 @@ AS $$ SELECT least(30.0, 0.5 * 2 ^ least(greatest(attempts - 1, 0), 10)) $$;
 -- recorded: its endpoint is no longer known).  Pass claimed_lease, the
 -- lease_until claim_events returned with the event: without it, an outcome
 -- recorded after the event was requeued and claimed again by another worker
--- would be taken for that worker's (and free its in-flight slot).
+-- would be taken for that worker's (and free its in-flight slot).  Pass
+-- sent_at, when the request left (on the database's clock): a 429 then
+-- lowers the endpoint's rate only if the request was sent after its last
+-- throttle episode, however late its answer is recorded.
 CREATE FUNCTION record_delivery(
     event_id bigint,
     http_status int,
@@ -548,7 +556,8 @@ CREATE FUNCTION record_delivery(
     headers jsonb DEFAULT NULL,
     sent boolean DEFAULT true,
     max_attempts int DEFAULT 25,
-    claimed_lease timestamptz DEFAULT NULL)
+    claimed_lease timestamptz DEFAULT NULL,
+    sent_at timestamptz DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -565,7 +574,7 @@ BEGIN
 
     -- what the destination said is true whatever became of the lease
     SELECT * INTO fb
-    FROM ratebucket.bucket_observe(ev.endpoint, http_status, retry_after, headers);
+    FROM ratebucket.bucket_observe(ev.endpoint, http_status, retry_after, headers, sent_at);
 
     -- Not this worker's claim any more: the lease ran out, the event went
     -- back to the queue, and maybe another worker holds it now, with a

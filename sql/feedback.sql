@@ -43,7 +43,8 @@ SELECT * FROM ratebucket.bucket_observe('o:unknown', 429, '10');
 SELECT count(*) FROM ratebucket.buckets WHERE endpoint = 'o:unknown';
 
 --
--- 429: a cooldown, and the effective rate halves down to the floor.
+-- 429: a cooldown, and the effective rate drops to throttle_factor (0.7) of
+-- the rate the request was sent at, down to the floor.
 --
 SELECT ratebucket.bucket_configure('f:api', 100, 10);
 SELECT outcome, round(cooldown_seconds::numeric, 1) AS cooldown, effective_rate, breaker
@@ -54,36 +55,44 @@ SELECT allowed, wait_seconds > 1.9 AND wait_seconds < 2.2 AS waits_past_cooldown
 FROM ratebucket.bucket_take('f:api');
 SELECT allowed, wait_seconds > 1.9 AND wait_seconds < 2.2 AS waits_past_cooldown
 FROM ratebucket.bucket_take('f:api', 1000, 1000);
--- A 429 that arrives during that cooldown lowers nothing more: it was sent
--- before the first one could slow anyone down (a batch in flight, other
--- workers).  Its shorter cooldown does not cut the running one short.
+-- A 429 that arrives during that cooldown (with no send time) lowers nothing
+-- more: it was sent before the first one could slow anyone down (a batch in
+-- flight, other workers).  Its shorter cooldown does not cut the running one
+-- short.
 SELECT effective_rate, round(cooldown_seconds::numeric, 0) AS cooldown
 FROM ratebucket.bucket_observe('f:api', 429, '1');
 SELECT effective_rate, throttles, cooldowns FROM ratebucket.bucket_status WHERE endpoint = 'f:api';
 
--- Each 429 after the last cooldown halves the rate, down to the floor: by
--- default 10% of the rate (10/s).  Cooldowns of 0 s here, so that each 429
--- comes after the previous one's cooldown, and no recovery (recovery_factor
--- 1), so that the figures do not grow in between.
+-- Each 429 after the last cooldown multiplies the rate by 0.7, down to the
+-- floor: by default 10% of the rate (10/s).  Cooldowns of 0 s here, so that
+-- each 429 comes after the previous one's cooldown; no return above the
+-- lowered rate (return_fraction below throttle_factor) and no climb
+-- (recovery_factor 1), so that the figures do not grow in between.
 SET ratebucket.min_cooldown = 0;
+SET ratebucket.return_fraction = 0.5;
 SELECT ratebucket.bucket_configure('f:halve', 100, 10, recovery_factor => 1);
-SELECT effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
-SELECT effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
-SELECT effective_rate, breaker FROM ratebucket.bucket_observe('f:halve', 429, '0');
-SELECT effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
-SELECT effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
-SELECT effective_rate, at_floor_since IS NOT NULL AS at_floor, throttles, cooldowns,
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate, breaker FROM ratebucket.bucket_observe('f:halve', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate, at_floor_since IS NOT NULL AS at_floor, throttles, cooldowns,
 	   failures, failure_run
 FROM ratebucket.bucket_status WHERE endpoint = 'f:halve';
 
--- Recovery, computed from time: held during the cooldown, then x1.10 per
--- 60 s, never above the configured rate.  At explicit times:
+-- Recovery, computed from time: held during the cooldown, then a concave
+-- return within return_time (2 s) to return_fraction (0.9) of the rate the
+-- 429's request was sent at (100/s), then a convex climb, x2 over
+-- recovery_interval (15 s), never above the configured rate.  At explicit
+-- times:
 SELECT b.cooldown_until AS cd FROM ratebucket.buckets b WHERE endpoint = 'f:api' \gset
 SELECT d.label, round(n.effective_rate::numeric, 3) AS effective_rate,
 	   n.at_floor_since IS NOT NULL AS at_floor, round(n.cooldown_seconds::numeric, 3) AS cooldown
 FROM ratebucket.buckets b,
 	 (VALUES ('during the cooldown', interval '-0.5 s'), ('cooldown end', '0'),
-			 ('+60 s', '60 s'), ('+120 s', '120 s'), ('+600 s', '600 s'),
+			 ('+1 s', '1 s'), ('+2 s', '2 s'), ('+5 s', '5 s'), ('+9.5 s', '9.5 s'),
 			 ('+1 hour', '1 hour'), ('+1 day', '1 day')) AS d(label, after),
 	 LATERAL ratebucket.bucket_now(b, :'cd'::timestamptz + d.after) AS n
 WHERE b.endpoint = 'f:api'
@@ -91,24 +100,28 @@ ORDER BY d.after;
 
 -- A configured floor: 30/s.
 SELECT ratebucket.bucket_configure('f:floor', 100, 10, floor_rate => 30, recovery_factor => 1);
-SELECT effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '0');
-SELECT effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '0');
-SELECT effective_rate, at_floor_since IS NOT NULL AS at_floor
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate, at_floor_since IS NOT NULL AS at_floor
 FROM ratebucket.bucket_status WHERE endpoint = 'f:floor';
 -- A gentler multiplier, configured: x0.8.
 SELECT ratebucket.bucket_configure('f:gentle', 100, 10, throttle_factor => 0.8, recovery_factor => 1);
-SELECT round(effective_rate::numeric, 6) AS effective_rate FROM ratebucket.bucket_observe('f:gentle', 429, '0');
-SELECT round(effective_rate::numeric, 6) AS effective_rate FROM ratebucket.bucket_observe('f:gentle', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:gentle', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:gentle', 429, '0');
 -- Explicit limits: the decrease applies on top of the rate each take passes.
 SELECT allowed FROM ratebucket.bucket_take('f:explicit', 40, 5);
 SELECT effective_rate FROM ratebucket.bucket_observe('f:explicit', 429, '1');
 RESET ratebucket.min_cooldown;
+RESET ratebucket.return_fraction;
 
 --
 -- Retry-After, clamped to [min_cooldown, max_cooldown]; a malformed value is
 -- the destination's fault: the default cooldown, and it is counted.
 --
 SET ratebucket.max_cooldown = '10s';
+SET ratebucket.default_cooldown = '3s';
 SELECT ra.label, round(o.cooldown_seconds::numeric, 0) AS cooldown
 FROM (VALUES ('delta 4', '4'),
 			 ('delta 0', '0'),
@@ -124,6 +137,7 @@ ORDER BY ra.label;
 SELECT endpoint, malformed_headers FROM ratebucket.bucket_status
 WHERE endpoint LIKE 'r:%' ORDER BY endpoint;
 RESET ratebucket.max_cooldown;
+RESET ratebucket.default_cooldown;
 -- Retry-After may also come in the headers (any case); the argument wins.
 SELECT allowed FROM ratebucket.bucket_take('r:headers', 10, 10);
 SELECT round(cooldown_seconds::numeric, 0) AS cooldown
@@ -250,9 +264,10 @@ SELECT endpoint FROM ratebucket.buckets WHERE endpoint LIKE 'x:%' ORDER BY endpo
 
 --
 -- Recovery already earned is kept when a new cooldown starts: a second 429
--- after full recovery halves the full rate again, and a cooldown without a
+-- after full recovery lowers the full rate again, and a cooldown without a
 -- 429 (a 503 with Retry-After) lowers nothing.  Fast recovery for the test.
 --
+SET ratebucket.return_time = '100ms';
 SET ratebucket.recovery_interval = '1s';
 SET ratebucket.recovery_factor = 100;
 SET ratebucket.min_cooldown = 0;
@@ -261,7 +276,8 @@ SELECT effective_rate FROM ratebucket.bucket_observe('k:api', 429, '0');
 SELECT pg_sleep(0.3);
 SELECT effective_rate FROM ratebucket.bucket_status WHERE endpoint = 'k:api';
 SELECT effective_rate FROM ratebucket.bucket_observe('k:api', 503, '0');
-SELECT effective_rate FROM ratebucket.bucket_observe('k:api', 429, '0');
+SELECT effective_rate FROM ratebucket.bucket_observe('k:api', 429, '1');
+RESET ratebucket.return_time;
 RESET ratebucket.recovery_interval;
 RESET ratebucket.recovery_factor;
 RESET ratebucket.min_cooldown;
@@ -291,6 +307,54 @@ RESET ratebucket.breaker_open;
 SELECT ratebucket.bucket_pause('k:dest', '2 hours');
 SELECT allowed, wait_seconds BETWEEN 7199 AND 7200 AS waits_two_hours
 FROM ratebucket.bucket_take('k:dest');
+
+--
+-- One decrease per throttle episode, judged by the request's send time: a
+-- 429 to a request sent before the last episode's cooldown ended (a late
+-- answer from the same burst) lowers nothing, however late it is observed;
+-- one sent after lowers the rate it was sent at.
+--
+SELECT ratebucket.bucket_configure('e:api', 100, 10);
+SELECT clock_timestamp() AS before_episode \gset
+SELECT effective_rate, round(cooldown_seconds::numeric, 0) AS cooldown
+FROM ratebucket.bucket_observe('e:api', 429, '1', NULL, clock_timestamp());
+SELECT pg_sleep(1.1);
+-- the cooldown is over; an answer to a request of the same burst arrives
+SELECT outcome, round(effective_rate::numeric, 1) AS effective_rate
+FROM ratebucket.bucket_observe('e:api', 429, '1', NULL, :'before_episode');
+SELECT throttles, cooldowns FROM ratebucket.bucket_status WHERE endpoint = 'e:api';
+-- a request sent at 70/s, after the cooldown (which that late answer
+-- renewed: its Retry-After still counts): the next episode, from 70/s
+SELECT ratebucket.bucket_configure('e:next', 100, 10);
+SELECT effective_rate FROM ratebucket.bucket_observe('e:next', 429, '0', NULL, clock_timestamp());
+SELECT factor_at AS episode_end FROM ratebucket.buckets WHERE endpoint = 'e:next' \gset
+SELECT round(effective_rate::numeric, 1) AS effective_rate
+FROM ratebucket.bucket_observe('e:next', 429, '5', NULL, :'episode_end');
+-- A send time after the answer (a client clock ahead) counts as the answer's.
+SELECT outcome FROM ratebucket.bucket_observe('e:api', 429, NULL, NULL, clock_timestamp() + interval '1 hour');
+SELECT * FROM ratebucket.bucket_observe('e:api', 200, NULL, NULL, 'infinity');
+
+--
+-- What a destination publishes: RateLimit-Policy q;w is q/w per second and
+-- bursts of q, a ceiling for the rate and the capacity until it publishes
+-- another; a remaining count caps the tokens held.
+--
+SELECT ratebucket.bucket_configure('l:api', 60, 30);
+SELECT outcome, effective_rate
+FROM ratebucket.bucket_observe('l:api', 200, NULL, '{"RateLimit-Policy": "15;w=1"}');
+SELECT round(tokens::numeric, 3) AS tokens, limit_factor, limit_burst_factor
+FROM ratebucket.bucket_status s JOIN ratebucket.buckets b USING (endpoint)
+WHERE endpoint = 'l:api';
+SELECT count(*) FILTER (WHERE t.allowed) AS granted_of_20
+FROM generate_series(1, 20), LATERAL ratebucket.bucket_take('l:api') t;
+-- a higher policy raises the ceiling again
+SELECT effective_rate
+FROM ratebucket.bucket_observe('l:api', 200, NULL, '{"RateLimit-Policy": "45;w=1"}');
+-- remaining 2 of the destination's window: no more than 2 tokens held
+SELECT ratebucket.bucket_configure('l:rem', 60, 30);
+SELECT outcome FROM ratebucket.bucket_observe('l:rem', 200, NULL, '{"RateLimit": "limit=30, remaining=2, reset=1"}');
+SELECT count(*) FILTER (WHERE t.allowed) AS granted_of_5
+FROM generate_series(1, 5), LATERAL ratebucket.bucket_take('l:rem') t;
 
 --
 -- Bad input: a clear error, nothing changed.

@@ -47,8 +47,11 @@ WITH cases(note, v, expected) AS (VALUES
 	('leading zeros', '007', 7),
 	('leading/trailing SP', '  120  ', 120),
 	('leading/trailing HTAB and SP', E'\t120\t ', 120),
-	('huge: saturates at 1e9', '99999999999', 1e9),
-	('10000 nines: saturates', repeat('9', 10000), 1e9),
+	('2^31 - 1: exact', '2147483647', 2147483647),
+	('2^31: exact', '2147483648', 2147483648),
+	('2^31 + 1: saturates at 2^31', '2147483649', 2147483648),
+	('huge: saturates at 2^31', '99999999999', 2147483648),
+	('10000 nines: saturates', repeat('9', 10000), 2147483648),
 	-- IMF-fixdate
 	('IMF-fixdate, 2 min ahead', 'Sat, 01 Jun 2024 00:02:00 GMT',
 	 pg_temp.secs('2024-06-01 00:02:00')),

@@ -73,6 +73,11 @@ CREATE TABLE ratebucket.buckets (
 	-- 1.2 and stay last, where its update added them.
 	quota_period	text,
 	quota_time_zone	text,
+	-- The throttle episode's return level and a limit the destination
+	-- published came with 1.5, after them.
+	target_factor	float8,
+	limit_factor	float8,
+	limit_burst_factor float8,
 	CONSTRAINT buckets_pkey PRIMARY KEY (endpoint)
 	-- No CHECK constraints, on purpose: the executor re-reads every CHECK
 	-- expression from its stored text at the start of each statement, and
@@ -123,9 +128,15 @@ COMMENT ON COLUMN ratebucket.buckets.conf_recovery_factor IS
 COMMENT ON COLUMN ratebucket.buckets.conf_breaker_failures IS
 'Configured consecutive failures that open the breaker; NULL: ratebucket.breaker_failures.';
 COMMENT ON COLUMN ratebucket.buckets.rate_factor IS
-'Multiplier on the rate set by feedback at factor_at; it recovers with time (see bucket_status.effective_rate).';
+'Multiplier on the rate set by the last throttle episode, in force until factor_at; it then returns to target_factor and climbs above it (see bucket_status.effective_rate).';
 COMMENT ON COLUMN ratebucket.buckets.factor_at IS
-'When rate_factor was last lowered.';
+'When the effective rate starts its return: the end of the last throttle episode''s cooldown.';
+COMMENT ON COLUMN ratebucket.buckets.target_factor IS
+'Multiplier on the rate that the effective rate returns to after the last throttle episode; NULL: rate_factor.';
+COMMENT ON COLUMN ratebucket.buckets.limit_factor IS
+'The rate the destination published (RateLimit-Policy, X-RateLimit-Limit with a window), over the rate; the effective rate never exceeds it. NULL: none published.';
+COMMENT ON COLUMN ratebucket.buckets.limit_burst_factor IS
+'The burst the destination published, over the capacity; the capacity in force never exceeds it. NULL: none published.';
 COMMENT ON COLUMN ratebucket.buckets.cooldown_until IS
 'Takes are refused until then (Retry-After, a reset, or the default cooldown).';
 COMMENT ON COLUMN ratebucket.buckets.at_floor_since IS
@@ -417,6 +428,7 @@ CREATE FUNCTION ratebucket.bucket_observe(
 	status int,
 	retry_after text DEFAULT NULL,
 	headers jsonb DEFAULT NULL,
+	sent_at timestamptz DEFAULT NULL,
 	OUT outcome text,
 	OUT cooldown_seconds float8,
 	OUT effective_rate float8,
@@ -425,8 +437,8 @@ RETURNS record
 AS 'MODULE_PATHNAME', 'ratebucket_observe'
 LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100;
 
-COMMENT ON FUNCTION ratebucket.bucket_observe(text, int, text, jsonb) IS
-'Report what the destination answered: its HTTP status (0 or NULL: no response), its Retry-After, and its response headers as a jsonb object (rate-limit fields are read from it). Returns the outcome (success, throttled, unavailable, failure, neutral), the cooldown it started, the effective rate now and the breaker state. An endpoint without a bucket changes nothing (outcome is still reported).';
+COMMENT ON FUNCTION ratebucket.bucket_observe(text, int, text, jsonb, timestamptz) IS
+'Report what the destination answered: its HTTP status (0 or NULL: no response), its Retry-After, its response headers as a jsonb object (rate-limit fields are read from it), and when the request was sent (a 429 to a request sent before the last throttle episode ended lowers nothing more). Returns the outcome (success, throttled, unavailable, failure, neutral), the cooldown it started, the effective rate now and the breaker state. An endpoint without a bucket changes nothing (outcome is still reported).';
 
 -- The header parsers bucket_observe uses, for users and tests to call.
 CREATE FUNCTION ratebucket.parse_retry_after(

@@ -318,6 +318,7 @@ rb_response_from_jsonb(Jsonb *headers, RbResponse *response)
 	response->remaining_len = response->reset_len = response->retry_after_len = 0;
 	response->retry_after_bad = false;
 	response->bad_fields = 0;
+	response->sent_at = RB_NO_TIME;
 	if (headers == NULL)
 		return;
 	if (!JB_ROOT_IS_OBJECT(headers))

@@ -11,6 +11,7 @@
 #include "access/htup_details.h"
 #include "funcapi.h"
 #include "utils/builtins.h"
+#include "utils/timestamp.h"
 #include "utils/jsonb.h"
 
 #include "api/args.h"
@@ -21,10 +22,13 @@
 PG_FUNCTION_INFO_V1(ratebucket_observe);
 
 /*
- * bucket_observe(endpoint text, status int, retry_after text, headers jsonb)
+ * bucket_observe(endpoint text, status int, retry_after text, headers jsonb,
+ *				  sent_at timestamptz)
  *		returns (outcome text, cooldown_seconds float8, effective_rate float8,
  *				 breaker text)
- *		The last two are NULL for an endpoint that has no bucket.
+ *		The last two are NULL for an endpoint that has no bucket.  sent_at
+ *		came with 1.5: the SQL declaration of an older version has four
+ *		arguments.
  */
 Datum
 ratebucket_observe(PG_FUNCTION_ARGS)
@@ -52,6 +56,17 @@ ratebucket_observe(PG_FUNCTION_ARGS)
 	tupdesc = rb_result_tupdesc(fcinfo);
 
 	rb_response_from_jsonb(headers, &response);
+	if (PG_NARGS() > 4 && !PG_ARGISNULL(4))
+	{
+		TimestampTz sent_at = PG_GETARG_TIMESTAMPTZ(4);
+
+		if (TIMESTAMP_NOT_FINITE(sent_at))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("sent_at must be a finite time"),
+					 errhint("Pass when the request was sent, or NULL if that is not known.")));
+		response.sent_at = sent_at;
+	}
 	if (!PG_ARGISNULL(2))
 	{
 		text	   *ra = PG_GETARG_TEXT_PP(2);

@@ -85,7 +85,9 @@ rb_bucket_bank(RbBucket *bucket, TimestampTz now)
 	rb_bucket_policy(bucket, bucket->rate, &policy);
 	rb_advance(&bucket->state,
 			   bucket->rate * rb_factor_now(&bucket->adapt, &policy, now),
-			   bucket->capacity, now);
+			   rb_capacity_now(&bucket->adapt, &policy, bucket->capacity, 0.0,
+							   now),
+			   now);
 }
 
 /*
@@ -282,7 +284,9 @@ rb_bucket_now(const RbBucket *bucket, TimestampTz at, RbBucketNow *now)
 	else
 		now->tokens = rb_refill(bucket->state.tokens,
 								ceiling * rb_factor_now(&bucket->adapt, &policy, at),
-								capacity, bucket->state.refilled_at, at);
+								rb_capacity_now(&bucket->adapt, &policy,
+												capacity, 0.0, at),
+								bucket->state.refilled_at, at);
 	now->breaker = rb_breaker_state(&bucket->adapt, at);
 	now->effective_rate = ceiling * rb_factor_now(&bucket->adapt, &policy, at);
 	now->cooldown_seconds = rb_secs_until(bucket->adapt.cooldown_until, at);

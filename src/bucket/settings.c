@@ -19,11 +19,13 @@
 #include "bucket/settings.h"
 
 RbSettings	rb_settings = {
-	.throttle_factor = 0.5,
+	.throttle_factor = 0.7,
 	.floor_fraction = 0.1,
-	.recovery_factor = 1.10,
-	.recovery_interval_s = 60,
-	.default_cooldown_ms = 5000,
+	.return_fraction = 0.9,
+	.return_time_ms = 2000,
+	.recovery_factor = 2.0,
+	.recovery_interval_s = 15,
+	.default_cooldown_ms = 1000,
 	.min_cooldown_ms = 1000,
 	.max_cooldown_ms = 3600 * 1000,
 	.breaker_failures = 5,
@@ -37,24 +39,32 @@ void
 rb_settings_init(void)
 {
 	DefineCustomRealVariable("ratebucket.throttle_factor",
-							 "Multiplies an endpoint's effective rate on each 429 answer.",
-							 NULL, &rb_settings.throttle_factor, 0.5, 0.01, 1.0,
+							 "Multiplies an endpoint's effective rate, as it was when the request was sent, on the first 429 of a throttle episode.",
+							 NULL, &rb_settings.throttle_factor, 0.7, 0.01, 1.0,
 							 PGC_SUSET, 0, NULL, NULL, NULL);
 	DefineCustomRealVariable("ratebucket.floor_fraction",
 							 "Lowest effective rate, as a fraction of the configured rate, for endpoints without a floor of their own.",
 							 NULL, &rb_settings.floor_fraction, 0.1, 0.0001, 1.0,
 							 PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomRealVariable("ratebucket.return_fraction",
+							 "After a throttle episode, the effective rate returns to this fraction of the rate the throttled request was sent at.",
+							 NULL, &rb_settings.return_fraction, 0.9, 0.01, 1.0,
+							 PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("ratebucket.return_time",
+							"Time the effective rate takes to return, along a concave curve, after a throttle episode's cooldown.",
+							NULL, &rb_settings.return_time_ms, 2000, 1, 3600 * 1000,
+							PGC_SUSET, GUC_UNIT_MS, NULL, NULL, NULL);
 	DefineCustomRealVariable("ratebucket.recovery_factor",
-							 "Growth of a lowered effective rate per recovery interval (1 disables recovery).",
-							 NULL, &rb_settings.recovery_factor, 1.10, 1.0, 100.0,
+							 "Growth of the effective rate above its return level per recovery interval, along a convex curve (1 disables it).",
+							 NULL, &rb_settings.recovery_factor, 2.0, 1.0, 100.0,
 							 PGC_SUSET, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("ratebucket.recovery_interval",
-							"Time over which a lowered effective rate grows by recovery_factor.",
-							NULL, &rb_settings.recovery_interval_s, 60, 1, 86400,
+							"Time over which the effective rate grows by recovery_factor above its return level.",
+							NULL, &rb_settings.recovery_interval_s, 15, 1, 86400,
 							PGC_SUSET, GUC_UNIT_S, NULL, NULL, NULL);
 	DefineCustomIntVariable("ratebucket.default_cooldown",
 							"Cooldown after a 429 that carries no usable Retry-After or rate-limit reset.",
-							NULL, &rb_settings.default_cooldown_ms, 5000, 0, 86400 * 1000,
+							NULL, &rb_settings.default_cooldown_ms, 1000, 0, 86400 * 1000,
 							PGC_SUSET, GUC_UNIT_MS, NULL, NULL, NULL);
 	DefineCustomIntVariable("ratebucket.min_cooldown",
 							"Shortest cooldown, also for a Retry-After date in the past.",

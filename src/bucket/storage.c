@@ -116,6 +116,10 @@ static const RbColumn rb_columns[] = {
 	/* 1.2: calendar quotas */
 	COL_OPT("quota_period", RB_TXTN, quota_period),
 	COL_OPT("quota_time_zone", RB_TXTN, quota_time_zone),
+	/* 1.5: the throttle episode's curve, a published limit */
+	COL_OPT("target_factor", RB_F8N, adapt.target_factor),
+	COL_OPT("limit_factor", RB_F8N, adapt.limit_factor),
+	COL_OPT("limit_burst_factor", RB_F8N, adapt.limit_burst_factor),
 };
 
 #define RB_NCOLUMNS ((int) lengthof(rb_columns))

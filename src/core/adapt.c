@@ -26,6 +26,9 @@ rb_adapt_init(RbAdapt *adapt)
 {
 	adapt->rate_factor = 1.0;
 	adapt->factor_at = RB_NO_TIME;
+	adapt->target_factor = NAN;
+	adapt->limit_factor = NAN;
+	adapt->limit_burst_factor = NAN;
 	adapt->cooldown_until = RB_NO_TIME;
 	adapt->at_floor_since = RB_NO_TIME;
 	adapt->paused_until = RB_NO_TIME;
@@ -97,31 +100,115 @@ rb_max_time(int64_t a, int64_t b)
 }
 
 /*
+ * rb_curve_now
+ *		The rate factor the last throttle episode's curve gives at "now",
+ *		before the floor and any published limit:
+ *
+ *		  until factor_at (the end of the episode's cooldown): rate_factor;
+ *		  then, for return_time, a concave return to target_factor,
+ *			target - (target - rate_factor) * (1 - t / return_time)^3,
+ *		  fast at first and flat on arrival (the shape of TCP CUBIC);
+ *		  then a convex climb above it, slow at first:
+ *			target * (1 + (recovery_factor - 1) * (t' / recovery_interval)^3),
+ *		  t' the time since the return ended: recovery_factor times the
+ *		  target after recovery_interval;
+ *		never above 1.  A row without a target (none was set, or it was
+ *		written before targets existed) climbs from rate_factor at once.
+ */
+double
+rb_curve_now(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	double		low = adapt->rate_factor;
+	double		target = adapt->target_factor;
+	double		t;
+	double		f;
+
+	if (!(low < 1.0))			/* also NaN */
+		return 1.0;
+	if (isnan(target) || target < low)
+		target = low;
+	if (adapt->factor_at == RB_NO_TIME || now <= adapt->factor_at)
+		return low;
+
+	t = ((double) now - (double) adapt->factor_at) / RB_USECS_PER_SEC;
+	if (target > low)
+	{
+		if (t < policy->return_time)
+		{
+			/* 1 - (1 - u)^3, as u (3 - 3u + u^2): no cancellation near low */
+			double		u = t / policy->return_time;
+
+			f = low + (target - low) * u * (3.0 - 3.0 * u + u * u);
+			return f < 1.0 ? f : 1.0;
+		}
+		t -= policy->return_time;
+	}
+	f = target;
+	if (policy->recovery_factor > 1.0)
+	{
+		double		x = t / policy->recovery_interval;
+
+		f *= 1.0 + (policy->recovery_factor - 1.0) * x * x * x;
+	}
+	if (!(f <= 1.0))			/* also an overflow to Inf */
+		f = 1.0;
+	return f;
+}
+
+/*
  * rb_factor_now
- *		The rate factor at "now": the stored factor, held while a cooldown
- *		lasts, then growing by recovery_factor per recovery_interval, never
- *		above 1 and never below the floor.
+ *		The rate factor in force at "now": the curve, never above a limit
+ *		the destination published, and never below the floor.
  */
 double
 rb_factor_now(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
 {
-	double		f = adapt->rate_factor;
-	int64_t		start = rb_max_time(adapt->factor_at, adapt->cooldown_until);
+	double		f = rb_curve_now(adapt, policy, now);
 
-	if (f >= 1.0)
-		return 1.0;
-	if (start != RB_NO_TIME && now > start && policy->recovery_factor > 1.0)
-	{
-		double		periods = ((double) now - (double) start) /
-			RB_USECS_PER_SEC / policy->recovery_interval;
-
-		f *= pow(policy->recovery_factor, periods);
-	}
-	if (!(f <= 1.0))			/* also an overflow to Inf */
-		f = 1.0;
+	if (adapt->limit_factor < f)	/* false for NaN */
+		f = adapt->limit_factor;
 	if (f < policy->floor_factor)
 		f = policy->floor_factor;
 	return f;
+}
+
+/*
+ * rb_burst_fraction, rb_capacity_now
+ *		The capacity in force at "now" for a bucket whose configured (or
+ *		requested) capacity is "capacity": it shrinks and recovers with the
+ *		rate factor, so that a full bucket lasts as long as configured
+ *		(capacity / rate) at the rate in force, and never exceeds a burst the
+ *		destination published (but the floor's share).  Never less than a take of "want" needs (at
+ *		most the capacity itself), so that a take that fits the capacity
+ *		always comes through in time, and never less than one token.
+ */
+double
+rb_burst_fraction(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	double		f = rb_curve_now(adapt, policy, now);
+
+	if (adapt->limit_burst_factor < f)	/* false for NaN */
+		f = adapt->limit_burst_factor;
+	if (f < policy->floor_factor)
+		f = policy->floor_factor;
+	return f < 1.0 ? f : 1.0;
+}
+
+double
+rb_capacity_now(const RbAdapt *adapt, const RbPolicy *policy, double capacity,
+				double want, int64_t now)
+{
+	double		f = rb_burst_fraction(adapt, policy, now);
+	double		least;
+	double		c;
+
+	if (f >= 1.0)
+		return capacity;
+	c = capacity * f;
+	least = want > 1.0 ? want : 1.0;
+	if (least > capacity)
+		least = capacity;
+	return c > least ? c : least;
 }
 
 /* rb_at_floor: is the effective rate at its floor now? */
@@ -130,7 +217,7 @@ rb_at_floor(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
 {
 	return adapt->at_floor_since != RB_NO_TIME &&
 		policy->floor_factor < 1.0 &&
-		rb_factor_now(adapt, policy, now) <= policy->floor_factor;
+		rb_curve_now(adapt, policy, now) <= policy->floor_factor;
 }
 
 /* rb_breaker_state: closed, open, or half-open (open period over). */
@@ -245,53 +332,52 @@ rb_cool_down(RbState *state, RbAdapt *adapt, int64_t until)
 }
 
 /*
- * rb_bank_factor
- *		Store the factor as it is now, so that what changes next (a new
- *		cooldown, from which recovery is measured) cannot take back the
- *		recovery already earned.
+ * rb_throttle_episode
+ *		A 429 that starts a new throttle episode: a request sent at "sent"
+ *		(its send time, or "now" when unknown) was refused at "now", after
+ *		the cooldown it asked for was applied.  The rate the request was sent
+ *		at is where the destination's limit was crossed: the rate drops to
+ *		throttle_factor of it (never below the floor), and returns, once the
+ *		cooldown is over, to return_fraction of it.  The burst follows
+ *		(rb_capacity_now).
  */
 void
-rb_bank_factor(RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
+					int64_t now)
 {
-	double		f;
+	double		at_send = rb_factor_now(adapt, policy, sent);
+	double		low = at_send * policy->throttle_factor;
+	double		target = at_send * policy->return_fraction;
 
-	if (adapt->rate_factor >= 1.0)
-		return;
-	f = rb_factor_now(adapt, policy, now);
-	if (f >= 1.0)
+	if (low <= policy->floor_factor)
 	{
-		adapt->rate_factor = 1.0;
-		adapt->factor_at = RB_NO_TIME;
-	}
-	else if (adapt->factor_at == RB_NO_TIME || now > adapt->factor_at)
-	{
-		adapt->rate_factor = f;
-		adapt->factor_at = now;
-	}
-}
-
-/*
- * rb_lower_factor
- *		Bring the rate factor down to "factor" (of the ceiling) if that is
- *		lower than it is now, never below the floor.  Recovery then starts
- *		afresh from here.
- */
-void
-rb_lower_factor(RbAdapt *adapt, const RbPolicy *policy, double factor,
-				int64_t now)
-{
-	double		current = rb_factor_now(adapt, policy, now);
-
-	if (isnan(factor) || factor >= current)
-		return;
-	if (factor <= policy->floor_factor)
-	{
-		factor = policy->floor_factor;
+		low = policy->floor_factor;
 		if (!rb_at_floor(adapt, policy, now))
 			adapt->at_floor_since = now;
 	}
-	adapt->rate_factor = factor;
-	adapt->factor_at = now;
+	if (target < low)
+		target = low;
+	adapt->rate_factor = low < 1.0 ? low : 1.0;
+	adapt->target_factor = target < 1.0 ? target : 1.0;
+	adapt->factor_at = adapt->cooldown_until != RB_NO_TIME &&
+		adapt->cooldown_until > now ? adapt->cooldown_until : now;
+}
+
+/*
+ * rb_publish_limit
+ *		A rate and a burst the destination published, as factors of the
+ *		ceiling and of the capacity: the rate and the burst never exceed
+ *		them (but the floor), until it publishes others.  A factor of 1 or
+ *		more (or none, NaN) limits nothing; one of 0 or less is no limit a
+ *		rate can follow (a spent window says so with its reset).
+ */
+void
+rb_publish_limit(RbAdapt *adapt, double rate_factor, double burst_factor)
+{
+	adapt->limit_factor = rate_factor > 0.0 && rate_factor < 1.0 ?
+		rate_factor : NAN;
+	adapt->limit_burst_factor = burst_factor > 0.0 && burst_factor < 1.0 ?
+		burst_factor : NAN;
 }
 
 /* How long the breaker stays open on its n-th trip in a row. */
@@ -400,7 +486,9 @@ rb_decide_take(RbState *state, RbAdapt *adapt, const RbPolicy *policy,
 		if (gate == RB_GATE_PAUSED && until == RB_FOREVER)
 			wait = (double) policy->max_cooldown / RB_USECS_PER_SEC;
 		result.allowed = false;
-		result.remaining = rb_refill(state->tokens, rate * factor, capacity,
+		result.remaining = rb_refill(state->tokens, rate * factor,
+									 rb_capacity_now(adapt, policy, capacity,
+													 want, now),
 									 state->refilled_at, now);
 		result.wait_seconds = wait;
 		return result;
@@ -408,11 +496,15 @@ rb_decide_take(RbState *state, RbAdapt *adapt, const RbPolicy *policy,
 
 	if (stored_rate != rate || stored_capacity != capacity)
 	{
-		rb_advance(state, stored_rate * factor, stored_capacity, now);
+		rb_advance(state, stored_rate * factor,
+				   rb_capacity_now(adapt, policy, stored_capacity, 0.0, now),
+				   now);
 		*write = true;
 	}
 
-	result = rb_take(state, rate * factor, capacity, want, now);
+	result = rb_take(state, rate * factor,
+					 rb_capacity_now(adapt, policy, capacity, want, now),
+					 want, now);
 	if (result.allowed)
 	{
 		*write = true;
@@ -501,7 +593,8 @@ rb_decide_take_upto(RbState *state, RbAdapt *adapt, const RbPolicy *policy,
 bool
 rb_adapt_is_idle(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
 {
-	return rb_factor_now(adapt, policy, now) >= 1.0 &&
+	return rb_curve_now(adapt, policy, now) >= 1.0 &&
+		isnan(adapt->limit_factor) && isnan(adapt->limit_burst_factor) &&
 		(adapt->cooldown_until == RB_NO_TIME || adapt->cooldown_until <= now) &&
 		(adapt->paused_until == RB_NO_TIME || adapt->paused_until <= now) &&
 		adapt->open_until == RB_NO_TIME &&

@@ -26,7 +26,11 @@ typedef struct RbPolicy
 {
 	double		throttle_factor;	/* rate multiplier on a 429, (0, 1] */
 	double		floor_factor;	/* lowest rate factor, (0, 1] */
-	double		recovery_factor;	/* growth per recovery_interval, >= 1 */
+	double		return_fraction;	/* of the rate a 429 was sent at: the
+									 * level the rate returns to, (0, 1] */
+	double		return_time;	/* seconds to return there, > 0 */
+	double		recovery_factor;	/* growth above it per recovery_interval,
+									 * >= 1 */
 	double		recovery_interval;	/* seconds */
 	int64_t		default_cooldown;	/* usecs, when no usable Retry-After */
 	int64_t		min_cooldown;	/* usecs */
@@ -36,11 +40,24 @@ typedef struct RbPolicy
 	int64_t		breaker_max_open;	/* usecs, longest open period */
 } RbPolicy;
 
-/* The adaptation state a bucket row stores. */
+/*
+ * The adaptation state a bucket row stores.  The rate factor follows a
+ * curve that the last throttle episode set (rb_curve_now): rate_factor
+ * until factor_at, a concave return to target_factor within return_time,
+ * then a slow convex climb above it.  NaN stands for "none" in the factors
+ * a row may lack (a row that no episode has touched, or one written before
+ * they existed).
+ */
 typedef struct RbAdapt
 {
-	double		rate_factor;	/* multiplier on the ceiling, as of factor_at */
-	int64_t		factor_at;		/* when rate_factor was last lowered */
+	double		rate_factor;	/* multiplier on the ceiling, from factor_at */
+	int64_t		factor_at;		/* when the return to target_factor starts:
+								 * the end of the episode's cooldown */
+	double		target_factor;	/* the level it returns to; NaN: rate_factor */
+	double		limit_factor;	/* a published rate over the ceiling; NaN:
+								 * none published */
+	double		limit_burst_factor; /* a published burst over the capacity;
+									 * NaN: none */
 	int64_t		cooldown_until; /* takes refused until then */
 	int64_t		at_floor_since; /* when the factor last hit the floor */
 	int64_t		paused_until;	/* paused by hand until then (may be far) */
@@ -83,8 +100,14 @@ extern void rb_start(RbState *state, RbAdapt *adapt, double capacity,
 					 int64_t now);
 extern RbOutcome rb_classify(int status, bool has_status, bool has_retry_after);
 extern const char *rb_outcome_name(RbOutcome outcome);
+extern double rb_curve_now(const RbAdapt *adapt, const RbPolicy *policy,
+						   int64_t now);
 extern double rb_factor_now(const RbAdapt *adapt, const RbPolicy *policy,
 							int64_t now);
+extern double rb_burst_fraction(const RbAdapt *adapt, const RbPolicy *policy,
+								int64_t now);
+extern double rb_capacity_now(const RbAdapt *adapt, const RbPolicy *policy,
+							  double capacity, double want, int64_t now);
 extern bool rb_at_floor(const RbAdapt *adapt, const RbPolicy *policy,
 						int64_t now);
 extern RbBreakerState rb_breaker_state(const RbAdapt *adapt, int64_t now);
@@ -93,10 +116,10 @@ extern RbGateReason rb_gate(const RbAdapt *adapt, const RbPolicy *policy,
 							int64_t now, int64_t *until);
 extern int64_t rb_clamp_cooldown(const RbPolicy *policy, double seconds);
 extern void rb_cool_down(RbState *state, RbAdapt *adapt, int64_t until);
-extern void rb_bank_factor(RbAdapt *adapt, const RbPolicy *policy,
-						   int64_t now);
-extern void rb_lower_factor(RbAdapt *adapt, const RbPolicy *policy,
-							double factor, int64_t now);
+extern void rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy,
+								int64_t sent, int64_t now);
+extern void rb_publish_limit(RbAdapt *adapt, double rate_factor,
+							 double burst_factor);
 extern void rb_breaker_observe(RbAdapt *adapt, const RbPolicy *policy,
 							   RbOutcome outcome, int64_t now);
 extern RbTakeResult rb_decide_take(RbState *state, RbAdapt *adapt,

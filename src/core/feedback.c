@@ -51,6 +51,8 @@ rb_policy_resolve(const RbSettings *settings, const RbOverrides *overrides,
 
 		policy->floor_factor = 1.0 < f ? 1.0 : f;
 	}
+	policy->return_fraction = settings->return_fraction;
+	policy->return_time = settings->return_time_ms / 1000.0;
 	policy->recovery_factor = isnan(overrides->recovery_factor) ?
 		settings->recovery_factor : overrides->recovery_factor;
 	policy->recovery_interval = settings->recovery_interval_s;
@@ -183,30 +185,73 @@ rb_apply_cooldown(RbState *state, RbAdapt *adapt, bool is_quota,
 }
 
 /*
+ * Is a 429 the first of a new throttle episode?  With the request's send
+ * time: if it was sent once the last episode's cooldown was over (takes
+ * were refused until then, so anything sent earlier was paced by the rate
+ * that episode already corrected).  Without it: if no cooldown is running
+ * as it is observed (one that is was started by an answer to the same
+ * burst, sent before the destination's first complaint could slow anyone).
+ */
+static bool
+rb_new_episode(const RbAdapt *before, int64_t sent, int64_t now)
+{
+	if (sent != RB_NO_TIME)
+		return before->factor_at == RB_NO_TIME || sent >= before->factor_at;
+	return before->cooldown_until == RB_NO_TIME || before->cooldown_until <= now;
+}
+
+/* Hold no more than "remaining" tokens at "now". */
+static void
+rb_cap_tokens(RbState *state, const RbAdapt *adapt, const RbPolicy *policy,
+			  const RbObserved *bucket, double remaining, int64_t now)
+{
+	rb_advance(state, bucket->ceiling * rb_factor_now(adapt, policy, now),
+			   rb_capacity_now(adapt, policy, bucket->capacity, 0.0, now),
+			   now);
+	if (state->tokens > remaining)
+		state->tokens = remaining > 0 ? remaining : 0.0;
+}
+
+/* The counters an answer moves (but the breaker's and the cooldowns'). */
+static void
+rb_count_answer(RbFeedbackCounters *counters, RbOutcome outcome,
+				int malformed, const RbResponse *response, int64_t now)
+{
+	if (outcome == RB_OUTCOME_SUCCESS)
+		counters->successes++;
+	else if (outcome == RB_OUTCOME_FAILURE)
+		counters->failures++;
+	if (malformed > 0)
+		counters->malformed_headers += malformed;
+	counters->last_status = response->has_status ? response->status : 0;
+	counters->last_observed_at = now;
+}
+
+/*
  * rb_feedback_observe
  *		Apply what a destination answered at "now" (now_unix: the same
  *		instant in Unix seconds, for HTTP-dates) to a bucket's state,
  *		adaptation and counters, under the policy in force; report what
  *		bucket_observe returns in *out.  See the file header for the table.
- *
- * The rate is lowered once per congestion: a 429 that arrives while an
- * earlier answer's cooldown is still running was sent before the
- * destination's first complaint could slow anyone down (a batch in flight,
- * other workers), so it lowers nothing more.
  */
 void
 rb_feedback_observe(RbState *state, RbAdapt *adapt,
 					RbFeedbackCounters *counters, const RbPolicy *policy,
-					double ceiling, bool is_quota, const RbResponse *response,
+					const RbObserved *bucket, const RbResponse *response,
 					int64_t now, double now_unix, RbObservation *out)
 {
 	RbAdapt		before = *adapt;
 	RbRateLimit rl;
 	RbRetryAfterKind ra_kind;
-	double		ra_value;
 	double		ra_seconds;
+	double		ra_value;
 	double		cooldown;
 	RbOutcome	outcome;
+	int64_t		sent = response->sent_at;
+
+	/* a send time after the answer (another clock): the answer's time */
+	if (sent != RB_NO_TIME && sent > now)
+		sent = now;
 
 	rb_read_response(response, now_unix, &rl, &ra_kind, &ra_value);
 	ra_seconds = rb_retry_after_seconds(ra_kind, ra_value, now_unix);
@@ -214,33 +259,37 @@ rb_feedback_observe(RbState *state, RbAdapt *adapt,
 						  !isnan(ra_seconds));
 
 	/*
-	 * Bank the recovery earned so far before anything moves the cooldown:
-	 * recovery is measured from the end of the last cooldown.
+	 * What the destination published of its limit bounds the rate and the
+	 * burst (a quota has no rate: its count is the provider's own).
 	 */
-	rb_bank_factor(adapt, policy, now);
+	if (rl.has_limit && rl.has_window && rl.window_seconds > 0 &&
+		!bucket->is_quota)
+		rb_publish_limit(adapt, rl.limit / rl.window_seconds / bucket->ceiling,
+						 rl.limit / bucket->capacity);
 
 	if (rb_cooldown_asked(outcome, ra_seconds, &rl, &cooldown))
 	{
-		rb_apply_cooldown(state, adapt, is_quota,
+		rb_apply_cooldown(state, adapt, bucket->is_quota,
 						  now + rb_clamp_cooldown(policy, cooldown));
 		if (adapt->cooldown_until != before.cooldown_until)
 			counters->cooldowns++;
 	}
 
-	/* The rate: halved (by default) on a 429, cut to a published limit. */
+	/* the rate: once per throttle episode */
 	if (outcome == RB_OUTCOME_THROTTLED)
 	{
-		/* (a quota has no rate to lower: its count is the provider's) */
-		if (!is_quota &&
-			(before.cooldown_until == RB_NO_TIME || before.cooldown_until <= now))
-			rb_lower_factor(adapt, policy,
-							rb_factor_now(adapt, policy, now) *
-							policy->throttle_factor, now);
+		if (!bucket->is_quota && rb_new_episode(&before, sent, now))
+			rb_throttle_episode(adapt, policy,
+								sent != RB_NO_TIME ? sent : now, now);
 		counters->throttles++;
 	}
-	if (rl.has_limit && rl.has_window && rl.window_seconds > 0 && !is_quota)
-		rb_lower_factor(adapt, policy, rl.limit / rl.window_seconds / ceiling,
-						now);
+
+	/*
+	 * What the destination says is left of its window: never hold more
+	 * (held tokens would be refused there).
+	 */
+	if (rl.has_remaining && !bucket->is_quota && bucket->holds_tokens)
+		rb_cap_tokens(state, adapt, policy, bucket, rl.remaining, now);
 
 	/* The breaker. */
 	rb_breaker_observe(adapt, policy, outcome, now);
@@ -248,20 +297,13 @@ rb_feedback_observe(RbState *state, RbAdapt *adapt,
 		rb_breaker_state(adapt, now) == RB_BREAKER_OPEN)
 		counters->breaker_opens++;
 
-	if (outcome == RB_OUTCOME_SUCCESS)
-		counters->successes++;
-	else if (outcome == RB_OUTCOME_FAILURE)
-		counters->failures++;
-	if (rl.malformed > 0)
-		counters->malformed_headers += rl.malformed;
-	counters->last_status = response->has_status ? response->status : 0;
-	counters->last_observed_at = now;
+	rb_count_answer(counters, outcome, rl.malformed, response, now);
 
 	out->outcome = outcome;
 	out->cooldown_seconds = adapt->cooldown_until != RB_NO_TIME &&
 		adapt->cooldown_until > now ?
 		((double) adapt->cooldown_until - (double) now) / RB_USECS_PER_SEC : 0.0;
-	out->effective_rate = ceiling * rb_factor_now(adapt, policy, now);
+	out->effective_rate = bucket->ceiling * rb_factor_now(adapt, policy, now);
 	out->breaker = rb_breaker_state(adapt, now);
 	out->adapt_changed = rb_adapt_changed(&before, adapt, policy, now);
 }
@@ -279,7 +321,11 @@ rb_adapt_changed(const RbAdapt *before, const RbAdapt *after,
 	double		f0 = rb_factor_now(before, policy, now);
 	double		f1 = rb_factor_now(after, policy, now);
 
+	double		c0 = rb_burst_fraction(before, policy, now);
+	double		c1 = rb_burst_fraction(after, policy, now);
+
 	return before->cooldown_until != after->cooldown_until ||
+		fabs(c0 - c1) > 1e-12 ||
 		before->paused_until != after->paused_until ||
 		before->open_until != after->open_until ||
 		before->breaker_trips != after->breaker_trips ||

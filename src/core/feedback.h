@@ -30,6 +30,8 @@ typedef struct RbSettings
 {
 	double		throttle_factor;
 	double		floor_fraction;
+	double		return_fraction;
+	int			return_time_ms;
 	double		recovery_factor;
 	int			recovery_interval_s;
 	int			default_cooldown_ms;
@@ -74,6 +76,8 @@ typedef struct RbResponse
 	size_t		retry_after_len;
 	bool		retry_after_bad;	/* given, but not as text */
 	int			bad_fields;		/* other fields given, but not as text */
+	int64_t		sent_at;		/* when the request was sent, on the clock
+								 * of the takes; RB_NO_TIME: not known */
 } RbResponse;
 
 /* The counters of ratebucket.buckets that feedback moves. */
@@ -107,10 +111,20 @@ extern void rb_read_response(const RbResponse *response, double now_unix,
 							 double *ra_value);
 extern RbOutcome rb_response_outcome(const RbResponse *response,
 									 double now_unix);
+/* The bucket an answer is applied to, as the engine found it. */
+typedef struct RbObserved
+{
+	double		ceiling;		/* the rate its takes use */
+	double		capacity;		/* the capacity its takes use */
+	bool		is_quota;		/* a calendar quota: no rate to adapt */
+	bool		holds_tokens;	/* false: its tokens live elsewhere (stripes) */
+} RbObserved;
+
 extern void rb_feedback_observe(RbState *state, RbAdapt *adapt,
 								RbFeedbackCounters *counters,
-								const RbPolicy *policy, double ceiling,
-								bool is_quota, const RbResponse *response,
+								const RbPolicy *policy,
+								const RbObserved *bucket,
+								const RbResponse *response,
 								int64_t now, double now_unix,
 								RbObservation *out);
 extern bool rb_adapt_changed(const RbAdapt *before, const RbAdapt *after,

@@ -28,8 +28,15 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Delays and other durations saturate here (about 31.7 years). */
+/* Rate-limit durations saturate here (about 31.7 years). */
 #define RB_HDR_MAX_SECONDS 1e9
+
+/*
+ * A Retry-After delay-seconds is exact up to 2^31 and saturates there: the
+ * value RFC 9111 (section 1.2.2) has a recipient use for any delta-seconds
+ * too large to represent.
+ */
+#define RB_RETRY_AFTER_MAX_SECONDS 2147483648.0
 
 /* Counts (limits, remaining) saturate here. */
 #define RB_HDR_MAX_COUNT 1e15
@@ -41,7 +48,7 @@
 typedef enum RbRetryAfterKind
 {
 	RB_RA_ABSENT,				/* empty or all whitespace */
-	RB_RA_DELAY,				/* *value = seconds, 0 to RB_HDR_MAX_SECONDS */
+	RB_RA_DELAY,				/* *value = seconds, 0 to 2^31 */
 	RB_RA_DATE,					/* *value = Unix seconds of the date */
 	RB_RA_MALFORMED				/* anything else */
 } RbRetryAfterKind;

@@ -359,7 +359,7 @@ rb_parse_http_date(const char *s, size_t len, double now_unix,
  *		Parse a Retry-After value: delay-seconds or an HTTP-date.
  *
  * On RB_RA_DELAY, *value is the delay in seconds (1*DIGIT, leading zeros
- * allowed; beyond RB_HDR_MAX_SECONDS it saturates); on RB_RA_DATE, the Unix
+ * allowed; exact up to 2^31, where it saturates); on RB_RA_DATE, the Unix
  * time of the date.  Leading and trailing SP and HTAB are ignored; an empty
  * or blank value is RB_RA_ABSENT; anything else is RB_RA_MALFORMED, *value
  * untouched: a sign, a fraction, a unit, an invalid date, trailing junk.
@@ -376,7 +376,7 @@ rb_parse_retry_after_at(const char *s, size_t len, double now_unix,
 	rb_trim(&s, &len);
 	if (len == 0)
 		return RB_RA_ABSENT;
-	if (rb_parse_digits_saturating(s, len, false, RB_HDR_MAX_SECONDS, &v))
+	if (rb_parse_digits_saturating(s, len, false, RB_RETRY_AFTER_MAX_SECONDS, &v))
 	{
 		*value = v;
 		return RB_RA_DELAY;

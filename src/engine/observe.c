@@ -37,8 +37,8 @@ rb_engine_observe(text *endpoint, const RbResponse *response,
 	RbStorageSession session;
 	RbBucket	bucket;
 	RbPolicy	policy;
+	RbObserved	observed;
 	TimestampTz now;
-	double		ceiling;
 	bool		found;
 
 	rb_storage_begin(&session);
@@ -53,10 +53,14 @@ rb_engine_observe(text *endpoint, const RbResponse *response,
 		return false;
 	}
 
-	ceiling = rb_bucket_ceiling(&bucket);
-	rb_bucket_policy(&bucket, ceiling, &policy);
+	observed.ceiling = rb_bucket_ceiling(&bucket);
+	observed.capacity = rb_is_configured(&bucket) ?
+		bucket.conf_capacity : bucket.capacity;
+	observed.is_quota = rb_is_quota(&bucket);
+	observed.holds_tokens = !rb_is_stripe_parent(&bucket);
+	rb_bucket_policy(&bucket, observed.ceiling, &policy);
 	rb_feedback_observe(&bucket.state, &bucket.adapt, &bucket.feedback,
-						&policy, ceiling, rb_is_quota(&bucket), response,
+						&policy, &observed, response,
 						now, rb_unix_seconds(now), out);
 
 	/* a striped bucket: what takes are told changes on every stripe */

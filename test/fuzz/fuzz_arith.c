@@ -25,7 +25,13 @@
  *	 - a caller that waits wait_seconds (rounded up to the microsecond), with
  *	   the same limits and nothing else changed, is granted (rb_wait_seconds'
  *	   promise), for clocks within EXACT_USECS;
- *	 - rate_factor stored in (0, 1], rb_factor_now within [floor, 1];
+ *	 - rate_factor stored in (0, 1], rb_factor_now within [floor, 1], the
+ *	   throttle episode's curve never falling as time goes on, the capacity
+ *	   in force within [min(1, capacity), capacity];
+ *	 - a 429 lowers the rate once per episode: one to a request sent before
+ *	   the last episode's cooldown ended lowers nothing, a new one brings it
+ *	   to throttle_factor of the rate its request was sent at (or the floor);
+ *	 - a remaining count leaves no more tokens than it says;
  *	 - the cooldown never shrinks, and rb_clamp_cooldown stays in
  *	   [min_cooldown, max_cooldown];
  *	 - the breaker: closed means no trips and no probe; open periods within
@@ -211,7 +217,7 @@ dump_state(void)
 			"  row: rate %.17g capacity %.17g tokens %.17g refilled_at %lld\n"
 			"  adapt: rate_factor %.17g factor_at %lld cooldown_until %lld "
 			"at_floor_since %lld paused_until %lld failure_run %d trips %d "
-			"open_until %lld probe_at %lld\n"
+			"open_until %lld probe_at %lld target %.17g limit %.17g burst %.17g\n"
 			"  policy: throttle %.17g floor %.17g recovery %.17g/%.17gs "
 			"cooldown default %lld min %lld max %lld breaker %d open %lld max %lld\n",
 			step_no, last_op, (long long) now,
@@ -222,7 +228,8 @@ dump_state(void)
 			(long long) row.adapt.at_floor_since,
 			(long long) row.adapt.paused_until, row.adapt.failure_run,
 			row.adapt.breaker_trips, (long long) row.adapt.open_until,
-			(long long) row.adapt.probe_at,
+			(long long) row.adapt.probe_at, row.adapt.target_factor,
+			row.adapt.limit_factor, row.adapt.limit_burst_factor,
 			policy.throttle_factor, policy.floor_factor,
 			policy.recovery_factor, policy.recovery_interval,
 			(long long) policy.default_cooldown,
@@ -540,12 +547,31 @@ step_observe(Reader *r)
 	double		ceiling = row.rate;
 	double		f_before;
 	double		f_after;
+	double		f_sent;
+	int64_t		sent;
+	bool		published;
+	RbObserved	observed;
 	RbRateLimit rl;
 	RbRetryAfterKind ra_kind;
 	double		ra_value;
 
 	memset(&resp, 0, sizeof(resp));
 	resp.status = statuses[rd_u8(r) % 10];
+	switch (rd_u8(r) % 4)
+	{
+		case 0:
+			resp.sent_at = RB_NO_TIME;
+			break;
+		case 1:
+			/* a clock ahead of the database's */
+			resp.sent_at = now + rd_usecs(r, INT64_C(100000000));
+			break;
+		default:
+			resp.sent_at = now - rd_usecs(r, INT64_C(100000000));
+			if (resp.sent_at < PG_MIN_TS)
+				resp.sent_at = PG_MIN_TS;
+			break;
+	}
 	resp.has_status = rd_u8(r) % 8 != 0;
 	resp.retry_after = rd_header(r, bufs[0], sizeof(bufs[0]), &resp.retry_after_len);
 	if (rd_u8(r) % 2)
@@ -562,12 +588,21 @@ step_observe(Reader *r)
 	set_floor(ceiling);
 	before_state = rb_breaker_state(&row.adapt, now);
 	f_before = rb_factor_now(&row.adapt, &policy, now);
+	sent = resp.sent_at == RB_NO_TIME || resp.sent_at > now ? now : resp.sent_at;
+	f_sent = rb_factor_now(&row.adapt, &policy, sent);
 	rb_read_response(&resp, unix_now(), &rl, &ra_kind, &ra_value);
+	published = rl.has_limit && rl.has_window && rl.window_seconds > 0;
 
+	observed.ceiling = ceiling;
+	observed.capacity = row.capacity;
+	observed.is_quota = false;
+	observed.holds_tokens = true;
 	rb_feedback_observe(&row.state, &row.adapt, &row.counters, &policy,
-						ceiling, false, &resp, now, unix_now(), &obs);
+						&observed, &resp, now, unix_now(), &obs);
 	check_row(before_refilled);
 	f_after = rb_factor_now(&row.adapt, &policy, now);
+	if (rl.has_remaining && rl.remaining >= 0.0)
+		CHECK(row.state.tokens <= rl.remaining);
 
 	/* what it reports is what the row now says */
 	CHECK(obs.outcome == rb_response_outcome(&resp, unix_now()));
@@ -579,8 +614,12 @@ step_observe(Reader *r)
 		row.adapt.breaker_trips != before_adapt.breaker_trips)
 		CHECK(obs.adapt_changed);
 
-	/* an answer never raises the rate, and the cooldown never shrinks */
-	CHECK(f_after <= f_before * (1.0 + 1e-12));
+	/*
+	 * An answer never raises the rate (but a published limit, which may be
+	 * higher than the one before), and the cooldown never shrinks.
+	 */
+	if (!published)
+		CHECK(f_after <= f_before * (1.0 + 1e-12));
 	if (before_cooldown != RB_NO_TIME)
 		CHECK(row.adapt.cooldown_until >= before_cooldown);
 	if (obs.outcome == RB_OUTCOME_THROTTLED || obs.outcome == RB_OUTCOME_UNAVAILABLE)
@@ -592,19 +631,58 @@ step_observe(Reader *r)
 	}
 
 	/*
-	 * Once per congestion: a 429 that meets a cooldown still running lowers
-	 * nothing (unless the answer also publishes a lower limit); one that
-	 * does not lowers the factor to throttle_factor of what it was, or to
-	 * the floor.
+	 * Once per throttle episode: a 429 to a request sent before the last
+	 * episode's cooldown ended (or, with no send time, one that meets a
+	 * cooldown still running) leaves the curve as it was; one that starts
+	 * an episode brings the rate to throttle_factor of the rate its request
+	 * was sent at, or to the floor, and holds it there until its cooldown
+	 * ends.
 	 */
-	if (obs.outcome == RB_OUTCOME_THROTTLED &&
-		!(rl.has_limit && rl.has_window && rl.window_seconds > 0))
+	if (obs.outcome == RB_OUTCOME_THROTTLED)
 	{
-		if (before_cooldown != RB_NO_TIME && before_cooldown > now)
-			CHECK(fabs(f_after - f_before) <= 1e-12 * f_before);
+		bool		same = resp.sent_at != RB_NO_TIME ?
+			before_adapt.factor_at != RB_NO_TIME && sent < before_adapt.factor_at :
+			before_cooldown != RB_NO_TIME && before_cooldown > now;
+
+		if (same)
+		{
+			CHECK(row.adapt.rate_factor == before_adapt.rate_factor);
+			CHECK(row.adapt.factor_at == before_adapt.factor_at);
+		}
 		else
-			CHECK(f_after <= fmax(policy.floor_factor,
-								  f_before * policy.throttle_factor) * (1.0 + 1e-9));
+		{
+			CHECK(row.adapt.factor_at >= now);
+			CHECK(row.adapt.factor_at == row.adapt.cooldown_until ||
+				  row.adapt.factor_at == now);
+			if (!published)
+				CHECK(f_after <= fmax(policy.floor_factor,
+									  f_sent * policy.throttle_factor) * (1.0 + 1e-9));
+		}
+	}
+
+	/*
+	 * The curve: it never falls as time goes on, and the capacity in force
+	 * stays within [min(1, capacity), capacity].
+	 */
+	{
+		int64_t		dts[] = {0, 1000, 500000, 2000000, 10000000, 600000000};
+		double		prev = 0.0;
+		int			i;
+
+		for (i = 0; i < (int) (sizeof(dts) / sizeof(dts[0])); i++)
+		{
+			int64_t		t = now + dts[i];
+			double		c = rb_curve_now(&row.adapt, &policy, t);
+			double		cap = rb_capacity_now(&row.adapt, &policy, row.capacity,
+											  0.0, t);
+
+			if (t > CLOCK_MAX)
+				break;
+			CHECK(isfinite(c) && c > 0.0 && c <= 1.0);
+			CHECK(c >= prev * (1.0 - 1e-12));
+			CHECK(cap <= row.capacity && cap >= fmin(1.0, row.capacity));
+			prev = c;
+		}
 	}
 
 	/* the counters count the outcome */
@@ -675,6 +753,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	 * policy is what rb_policy_resolve makes of them for each ceiling.
 	 */
 	settings.throttle_factor = rd_bounded(&r, 0.01, 1.0);
+	settings.return_fraction = rd_bounded(&r, 0.01, 1.0);
+	settings.return_time_ms = (int) (1 + rd_usecs(&r, INT64_C(3600000000)) / 1000);
 	settings.recovery_factor = rd_u8(&r) % 4 == 0 ? 1.0 : rd_bounded(&r, 1.0, 100.0);
 	settings.recovery_interval_s = (int) (1 + rd_u64(&r, 3) % 86400);
 	settings.default_cooldown_ms = (int) (rd_usecs(&r, INT64_C(86400000000)) / 1000);
@@ -763,7 +843,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				}
 				break;
 			case 9:
-				/* a published limit: lower the factor to any value */
+				/* a published limit: any rate and burst factors */
 				{
 					double		f;
 					uint64_t	bits = rd_u64(&r, 8);
@@ -773,8 +853,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 					else
 						f = rd_frac(&r);
 					set_floor(row.rate);
-					rb_bank_factor(&row.adapt, &policy, now);
-					rb_lower_factor(&row.adapt, &policy, f, now);
+					rb_publish_limit(&row.adapt, f, rd_frac(&r));
 				}
 				break;
 			case 10:

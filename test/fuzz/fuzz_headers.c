@@ -191,7 +191,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				CHECK(value == -12345.0);	/* untouched */
 				break;
 			case RB_RA_DELAY:
-				CHECK(within(value, 0.0, RB_HDR_MAX_SECONDS));
+				CHECK(within(value, 0.0, RB_RETRY_AFTER_MAX_SECONDS));
 				CHECK(value == floor(value));
 				break;
 			case RB_RA_DATE:
