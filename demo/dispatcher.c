@@ -223,6 +223,7 @@ typedef struct Stats
     long long http_2xx, http_429, http_5xx, http_other;
     long long no_response;      /* sent, but no answer */
     long long not_sent;         /* never left */
+    double claim_s, deliver_s, record_s;    /* worker time in each step */
     int noutcomes;
     OutcomeCount outcomes[MAX_OUTCOMES];
     long long outcomes_other;   /* beyond MAX_OUTCOMES distinct values */
@@ -481,6 +482,9 @@ stats_add(Stats *to, const Stats *from)
     to->http_other += from->http_other;
     to->no_response += from->no_response;
     to->not_sent += from->not_sent;
+    to->claim_s += from->claim_s;
+    to->deliver_s += from->deliver_s;
+    to->record_s += from->record_s;
     for (int i = 0; i < from->noutcomes; i++)
         stats_add_outcome(to, from->outcomes[i].name, from->outcomes[i].count);
     to->outcomes_other += from->outcomes_other;
@@ -1470,15 +1474,23 @@ worker_loop(Worker *w)
         double sleep_s;
         int n, rc;
 
+        double t0, t1, t2;
+
         if (maybe_requeue(w) < 0)
             goto failed;
+        t0 = now_s();
         n = claim(w, &st);
         if (n < 0)
             goto failed;
+        t1 = now_s();
+        st.claim_s += t1 - t0;
         if (n > 0)
         {
             deliver(w, n, &st);
+            t2 = now_s();
+            st.deliver_s += t2 - t1;
             rc = record(w, n, &st);
+            st.record_s += now_s() - t2;
             stats_flush(&st);
             if (rc < 0)
                 goto failed;
@@ -1671,6 +1683,8 @@ print_summary(double elapsed, int failed)
         printf("  outcome %-10s %12lld\n", s.outcomes[i].name, s.outcomes[i].count);
     if (s.outcomes_other > 0)
         printf("  outcome (others)   %12lld\n", s.outcomes_other);
+    printf("  worker seconds     %12.1f claiming, %.1f delivering, %.1f recording\n",
+           s.claim_s, s.deliver_s, s.record_s);
     printf("  elapsed seconds    %12.2f\n", elapsed);
     printf("  events/s           %12.1f\n", elapsed > 0 ? s.recorded / elapsed : 0.0);
     fflush(stdout);
