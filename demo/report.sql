@@ -5,7 +5,8 @@
 -- changes), demo_limits (the limits endpoints share), webhook_events (the
 -- queue), demo_run (when the dispatcher and the simulator started),
 -- sim_requests (every request the destination simulator received, from its
--- own log: t_us from its start, endpoint name, event id, attempt, status)
+-- own log: t_us from its start, endpoint name, event id, attempt, status),
+-- demo_samples (ratebucket.bucket_status every 0.25 s during the delivery)
 -- and ratebucket.bucket_status.  Prints the per-endpoint table and the
 -- summary, and leaves the checks in demo_checks (the end-to-end test reads
 -- them too).  Times are seconds on the simulator's clock (its start is 0,
@@ -93,6 +94,35 @@ SELECT CASE WHEN b > a THEN count(*) / (b - a) END
 FROM seen s WHERE s.name = ep AND s.status BETWEEN 200 AND 299 AND s.t BETWEEN a AND b
 $$;
 
+-- ratebucket's samples on the simulator's clock.
+CREATE TEMP VIEW samples AS
+SELECT d.name, extract(epoch FROM s.t - r.sim_started)::float8 AS t, s.effective_rate,
+       s.cooldown_seconds, s.breaker, s.breaker_seconds
+FROM demo_samples s JOIN demo_endpoints d ON d.url = s.endpoint, demo_run r;
+
+-- Gaps: the time between two consecutive requests at a destination while
+-- it still had events to deliver (up to its last 2xx), and from the
+-- dispatcher's start to its first request.  held_until: the end of the
+-- latest cooldown or open breaker ratebucket showed for it from just before
+-- the gap to its end (samples every 0.25 s), so that what is left of the
+-- gap after it is what no cooldown or breaker explains.
+CREATE TEMP TABLE gaps AS
+WITH ends AS (
+    SELECT name, max(t) FILTER (WHERE status BETWEEN 200 AND 299) AS last_ok FROM seen GROUP BY name),
+g AS (
+    SELECT s.name, lag(s.t) OVER (PARTITION BY s.name ORDER BY s.t_us) AS a, s.t AS b
+    FROM seen s JOIN ends e ON e.name = s.name
+    WHERE s.t <= e.last_ok
+    UNION ALL
+    SELECT s.name, extract(epoch FROM r.started - r.sim_started)::float8, min(s.t)
+    FROM seen s, demo_run r GROUP BY s.name, r.started, r.sim_started)
+SELECT g.name, g.a, g.b, g.b - g.a AS len,
+       (SELECT max(m.t + greatest(m.cooldown_seconds,
+                                  CASE WHEN m.breaker = 'open' THEN m.breaker_seconds ELSE 0 END))
+        FROM samples m
+        WHERE m.name = g.name AND m.t BETWEEN g.a - 0.3 AND g.b
+          AND (m.cooldown_seconds > 0 OR m.breaker = 'open')) AS held_until
+FROM g WHERE g.a IS NOT NULL AND g.b > g.a;
 
 -- Per endpoint: the worst excess of arrivals over rate*T, over every window
 -- between two arrivals: max over i < j of (j - i) - rate*(t_j - t_i).
@@ -120,13 +150,22 @@ SELECT d.name, d.rate, d.capacity, d.true_rate, d.note, d.events,
        min(s.t) AS first_t,
        max(s.t) FILTER (WHERE s.status BETWEEN 200 AND 299) AS last_ok_t,
        b.cooldowns, b.breaker_opens, b.effective_rate,
-       coalesce(x.excess, 0) AS excess
+       coalesce(x.excess, 0) AS excess,
+       lg.len AS gap, lg.a AS gap_at, lf.len AS free_gap, lf.a AS free_gap_at
 FROM demo_endpoints d
 LEFT JOIN seen s ON s.name = d.name
 LEFT JOIN ratebucket.bucket_status b ON b.endpoint = d.url
 LEFT JOIN excess x ON x.name = d.name
+LEFT JOIN (SELECT DISTINCT ON (name) name, len, a FROM gaps ORDER BY name, len DESC) lg
+       ON lg.name = d.name
+LEFT JOIN (SELECT DISTINCT ON (name) name, b - greatest(a, held_until) AS len,
+                  greatest(a, held_until) AS a
+           FROM (SELECT name, a, b, coalesce(held_until, a) AS held_until FROM gaps) g
+           ORDER BY name, b - greatest(a, held_until) DESC) lf
+       ON lf.name = d.name
 GROUP BY d.name, d.rate, d.capacity, d.true_rate, d.note, d.events,
-         b.cooldowns, b.breaker_opens, b.effective_rate, x.excess;
+         b.cooldowns, b.breaker_opens, b.effective_rate, x.excess,
+         lg.len, lg.a, lf.len, lf.a;
 
 \echo
 \echo '==> What each destination saw (from the simulator''s own log)'
@@ -140,8 +179,17 @@ SELECT name AS endpoint,
        cooldowns,
        breaker_opens AS "breaker trips",
        round(effective_rate::numeric, 1) AS "effective rate now",
+       format('%s s at %s', round(gap::numeric, 2), round(gap_at::numeric, 1)) AS "longest gap",
+       CASE WHEN cooldowns > 0 OR breaker_opens > 0 THEN
+           format('%s s at %s', round(free_gap::numeric, 2), round(free_gap_at::numeric, 1))
+       END AS "outside cooldowns",
        note
 FROM per_endpoint ORDER BY rate DESC, name;
+
+\echo '    delivered/s: 2xx from the first to the last; longest gap: the longest time without a request'
+\echo '    while events were left (from the start of the delivery to the last 2xx), and when it began'
+\echo '    (seconds since the simulator started); outside cooldowns: what was left of a gap after the'
+\echo '    cooldowns and open breakers ratebucket showed (sampled every 0.25 s), for endpoints that had any'
 
 -- The shared limits: what the destinations behind each saw together.  Each
 -- request took one token from every limit of its endpoint.

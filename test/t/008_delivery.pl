@@ -107,5 +107,11 @@ ok($node->safe_psql('postgres', q{
 SELECT count(*) FROM sim_requests r JOIN demo_endpoints d ON d.name = r.endpoint
 WHERE r.status = 429 AND d.true_rate < d.rate}) > 0,
 	'destinations configured above their limit did answer 429 (so convergence was tested)');
+# The sampler ran through the delivery: ratebucket's rates over time.
+ok($node->safe_psql('postgres', q{
+SELECT count(DISTINCT s.t) FROM demo_samples s JOIN demo_endpoints d ON d.url = s.endpoint
+WHERE d.name = 'shifting'}) >= 20,
+	'the effective rates were sampled during the delivery');
+
 $node->stop;
 done_testing();
