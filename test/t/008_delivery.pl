@@ -43,6 +43,10 @@
 #      never more requests than the quota (per UTC day the run touched), and
 #      it ran out: the rest wait, pending, for its reset at midnight UTC
 #      (check 1 counts them as held, not lost).
+#
+# With gnuplot installed (gnuplot-nox: .ci/run installs it), the scenario
+# also draws demo/plot's PNG into this test's temp dir, and a test checks
+# that a PNG came out.
 
 use strict;
 use warnings;
@@ -67,6 +71,8 @@ $node->start;
 
 my $work = PostgreSQL::Test::Utils::tempdir();
 my $sim_port = PostgreSQL::Test::Cluster::get_free_port();
+my $have_gnuplot = system('command -v gnuplot >/dev/null 2>&1') == 0;
+my $plot = "$work/ratebucket-demo.png";
 
 my ($stdout, $stderr);
 {
@@ -76,6 +82,7 @@ my ($stdout, $stderr);
 		PGDATABASE => 'postgres',
 		DEMO_SCALE => '0.3',
 		DEMO_MAX_SECONDS => '120',
+		DEMO_PLOT => ($have_gnuplot ? $plot : 'none'),
 		SIM_PORT => $sim_port);
 	delete $ENV{PGUSER};
 	IPC::Run::run([ 'demo/scenario', 'demo', $work ],
@@ -107,11 +114,23 @@ ok($node->safe_psql('postgres', q{
 SELECT count(*) FROM sim_requests r JOIN demo_endpoints d ON d.name = r.endpoint
 WHERE r.status = 429 AND d.true_rate < d.rate}) > 0,
 	'destinations configured above their limit did answer 429 (so convergence was tested)');
-# The sampler ran through the delivery: ratebucket's rates over time.
+# The sampler ran through the delivery: ratebucket's rates over time, for the plot.
 ok($node->safe_psql('postgres', q{
 SELECT count(DISTINCT s.t) FROM demo_samples s JOIN demo_endpoints d ON d.url = s.endpoint
 WHERE d.name = 'shifting'}) >= 20,
 	'the effective rates were sampled during the delivery');
+
+SKIP:
+{
+	skip 'gnuplot is not installed (gnuplot-nox): no plot drawn', 1 unless $have_gnuplot;
+	my $png = '';
+	if (open(my $fh, '<:raw', $plot))
+	{
+		read($fh, $png, 8);
+		close($fh);
+	}
+	ok(-s $plot && $png eq "\x89PNG\r\n\x1a\n", "demo/plot drew a PNG ($plot, " . (-s $plot // 0) . ' bytes)');
+}
 
 $node->stop;
 done_testing();
