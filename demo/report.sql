@@ -1,26 +1,128 @@
 -- demo/report.sql — what the destinations saw, and whether the limits held.
 --
 -- Run by demo/scenario after the delivery, on the tables it leaves behind:
--- demo_endpoints (configured and true limits), demo_limits (the limits
--- endpoints share), webhook_events (the queue),
+-- demo_endpoints (configured and true limits, and when a true limit
+-- changes), demo_limits (the limits endpoints share), webhook_events (the
+-- queue), demo_run (when the dispatcher and the simulator started),
 -- sim_requests (every request the destination simulator received, from its
--- own log: t_us from its start, endpoint name, event id, attempt, status)
+-- own log: t_us from its start, endpoint name, event id, attempt, status),
+-- demo_samples (ratebucket.bucket_status every 0.25 s during the delivery)
 -- and ratebucket.bucket_status.  Prints the per-endpoint table and the
 -- summary, and leaves the checks in demo_checks (the end-to-end test reads
--- them too).
+-- them too).  Times are seconds on the simulator's clock (its start is 0,
+-- just before the delivery's), the clock of its log and of its limits'
+-- changes.
 
 -- Jitter allowed between a grant and the request's arrival: the dispatcher
 -- sends a claimed batch concurrently right after the claim, so arrivals of
 -- one bucket's grants can bunch up by the spread of that sending.  Arrivals
 -- over any window T may then exceed rate*T + capacity by at most rate*J.
 \set jitter 0.25
--- Endpoints configured above their true limit must stop drawing 429s this
--- long after their first request.
-\set converge 20
+-- Endpoints configured above their true limit (a true rate below the
+-- configured rate, or a true burst below the configured capacity, at any
+-- time) must learn it, and then use it:
+--   settle      seconds they may take to learn it, from their first request
+--               and again from each change of their limit;
+--   late_429    at most this fraction of their requests (of that phase's,
+--               after a change) answered 429 once settled;
+--   min_share   delivered (2xx arrivals per second) at least this x the true
+--               limit, over the second half of their delivery and over each
+--               settled phase after a change; and their last event
+--               delivered within the time their events take at min_share x
+--               the true limit (as it changes), + settle;
+--   final_lo, final_hi   their effective rate at the end within these x the
+--               true limit of the end;
+--   min_window  a settled phase shorter than this (seconds) cannot be
+--               measured, and fails the check that needs it.
+\set settle 10
+\set late_429 0.01
+\set min_share 0.8
+\set final_lo 0.8
+\set final_hi 1.1
+\set min_window 3
 
 CREATE TEMP VIEW seen AS
-SELECT d.name, d.url, d.rate, d.capacity, d.true_rate, d.true_burst, r.t_us, r.event_id, r.status
+SELECT d.name, d.url, d.rate, d.capacity, d.true_rate, d.true_burst, r.t_us, r.t_us / 1e6 AS t,
+       r.event_id, r.status
 FROM sim_requests r JOIN demo_endpoints d ON d.name = r.endpoint;
+
+-- Each endpoint's true limit, phase by phase: phase 0 from the start, then
+-- one per change, until the next (t_to NULL: the last, open-ended).
+CREATE TEMP TABLE phases AS
+SELECT d.name, p.k, p.t_from, lead(p.t_from) OVER (PARTITION BY d.name ORDER BY p.k) AS t_to,
+       p.factor, d.true_rate * p.factor AS rate, d.true_burst * p.factor AS burst
+FROM demo_endpoints d,
+     LATERAL (SELECT 0::bigint AS k, 0::float8 AS t_from, 1::float8 AS factor
+              UNION ALL
+              SELECT c.k, c.t, c.f
+              FROM unnest(d.change_at, d.change_factor) WITH ORDINALITY c(t, f, k)) p;
+
+-- Configured above the true limit, at some time: the endpoints of checks 6-10.
+CREATE TEMP VIEW above AS
+SELECT d.name FROM demo_endpoints d
+WHERE EXISTS (SELECT 1 FROM phases p
+              WHERE p.name = d.name AND (p.rate < d.rate OR p.burst < d.capacity));
+
+-- The true limit integrated over [a, b]: the requests it allows then
+-- (bursts aside).
+CREATE FUNCTION pg_temp.allowed(ep text, a float8, b float8) RETURNS float8
+LANGUAGE sql STABLE AS $$
+SELECT coalesce(sum(p.rate * greatest(0, least(b, coalesce(p.t_to, 'Infinity')) - greatest(a, p.t_from))), 0)
+FROM phases p WHERE p.name = ep
+$$;
+
+-- When n requests are through, starting at t0 at share x the true limit as
+-- it changes.
+CREATE FUNCTION pg_temp.done_at(ep text, t0 float8, n float8, share float8) RETURNS float8
+LANGUAGE sql STABLE AS $$
+WITH p AS (
+    SELECT greatest(p.t_from, t0) AS a, coalesce(p.t_to, 'Infinity') AS b, share * p.rate AS r
+    FROM phases p
+    WHERE p.name = ep AND coalesce(p.t_to, 'Infinity') > t0),
+c AS (
+    SELECT a, r, r * (b - a) AS here,
+           coalesce(sum(r * (b - a)) OVER (ORDER BY a ROWS BETWEEN UNBOUNDED PRECEDING
+                                                         AND 1 PRECEDING), 0) AS before
+    FROM p)
+SELECT min(a + (n - before) / r) FROM c WHERE before + here >= n
+$$;
+
+-- 2xx arrivals in [a, b] per second.
+CREATE FUNCTION pg_temp.delivered_rate(ep text, a float8, b float8) RETURNS float8
+LANGUAGE sql STABLE AS $$
+SELECT CASE WHEN b > a THEN count(*) / (b - a) END
+FROM seen s WHERE s.name = ep AND s.status BETWEEN 200 AND 299 AND s.t BETWEEN a AND b
+$$;
+
+-- ratebucket's samples on the simulator's clock.
+CREATE TEMP VIEW samples AS
+SELECT d.name, extract(epoch FROM s.t - r.sim_started)::float8 AS t, s.effective_rate,
+       s.cooldown_seconds, s.breaker, s.breaker_seconds
+FROM demo_samples s JOIN demo_endpoints d ON d.url = s.endpoint, demo_run r;
+
+-- Gaps: the time between two consecutive requests at a destination while
+-- it still had events to deliver (up to its last 2xx), and from the
+-- dispatcher's start to its first request.  held_until: the end of the
+-- latest cooldown or open breaker ratebucket showed for it from just before
+-- the gap to its end (samples every 0.25 s), so that what is left of the
+-- gap after it is what no cooldown or breaker explains.
+CREATE TEMP TABLE gaps AS
+WITH ends AS (
+    SELECT name, max(t) FILTER (WHERE status BETWEEN 200 AND 299) AS last_ok FROM seen GROUP BY name),
+g AS (
+    SELECT s.name, lag(s.t) OVER (PARTITION BY s.name ORDER BY s.t_us) AS a, s.t AS b
+    FROM seen s JOIN ends e ON e.name = s.name
+    WHERE s.t <= e.last_ok
+    UNION ALL
+    SELECT s.name, extract(epoch FROM r.started - r.sim_started)::float8, min(s.t)
+    FROM seen s, demo_run r GROUP BY s.name, r.started, r.sim_started)
+SELECT g.name, g.a, g.b, g.b - g.a AS len,
+       (SELECT max(m.t + greatest(m.cooldown_seconds,
+                                  CASE WHEN m.breaker = 'open' THEN m.breaker_seconds ELSE 0 END))
+        FROM samples m
+        WHERE m.name = g.name AND m.t BETWEEN g.a - 0.3 AND g.b
+          AND (m.cooldown_seconds > 0 OR m.breaker = 'open')) AS held_until
+FROM g WHERE g.a IS NOT NULL AND g.b > g.a;
 
 -- Per endpoint: the worst excess of arrivals over rate*T, over every window
 -- between two arrivals: max over i < j of (j - i) - rate*(t_j - t_i).
@@ -45,15 +147,25 @@ SELECT d.name, d.rate, d.capacity, d.true_rate, d.note, d.events,
        count(s.*) FILTER (WHERE s.status >= 500) AS errors,
        (max(s.t_us) FILTER (WHERE s.status BETWEEN 200 AND 299) -
         min(s.t_us) FILTER (WHERE s.status BETWEEN 200 AND 299)) / 1e6 AS span,
-       (max(s.t_us) FILTER (WHERE s.status = 429) - min(s.t_us)) / 1e6 AS last_429_after,
+       min(s.t) AS first_t,
+       max(s.t) FILTER (WHERE s.status BETWEEN 200 AND 299) AS last_ok_t,
        b.cooldowns, b.breaker_opens, b.effective_rate,
-       coalesce(x.excess, 0) AS excess
+       coalesce(x.excess, 0) AS excess,
+       lg.len AS gap, lg.a AS gap_at, lf.len AS free_gap, lf.a AS free_gap_at
 FROM demo_endpoints d
 LEFT JOIN seen s ON s.name = d.name
 LEFT JOIN ratebucket.bucket_status b ON b.endpoint = d.url
 LEFT JOIN excess x ON x.name = d.name
+LEFT JOIN (SELECT DISTINCT ON (name) name, len, a FROM gaps ORDER BY name, len DESC) lg
+       ON lg.name = d.name
+LEFT JOIN (SELECT DISTINCT ON (name) name, b - greatest(a, held_until) AS len,
+                  greatest(a, held_until) AS a
+           FROM (SELECT name, a, b, coalesce(held_until, a) AS held_until FROM gaps) g
+           ORDER BY name, b - greatest(a, held_until) DESC) lf
+       ON lf.name = d.name
 GROUP BY d.name, d.rate, d.capacity, d.true_rate, d.note, d.events,
-         b.cooldowns, b.breaker_opens, b.effective_rate, x.excess;
+         b.cooldowns, b.breaker_opens, b.effective_rate, x.excess,
+         lg.len, lg.a, lf.len, lf.a;
 
 \echo
 \echo '==> What each destination saw (from the simulator''s own log)'
@@ -67,8 +179,17 @@ SELECT name AS endpoint,
        cooldowns,
        breaker_opens AS "breaker trips",
        round(effective_rate::numeric, 1) AS "effective rate now",
+       format('%s s at %s', round(gap::numeric, 2), round(gap_at::numeric, 1)) AS "longest gap",
+       CASE WHEN cooldowns > 0 OR breaker_opens > 0 THEN
+           format('%s s at %s', round(free_gap::numeric, 2), round(free_gap_at::numeric, 1))
+       END AS "outside cooldowns",
        note
-FROM per_endpoint ORDER BY rate DESC;
+FROM per_endpoint ORDER BY rate DESC, name;
+
+\echo '    delivered/s: 2xx from the first to the last; longest gap: the longest time without a request'
+\echo '    while events were left (from the start of the delivery to the last 2xx), and when it began'
+\echo '    (seconds since the simulator started); outside cooldowns: what was left of a gap after the'
+\echo '    cooldowns and open breakers ratebucket showed (sampled every 0.25 s), for endpoints that had any'
 
 -- The shared limits: what the destinations behind each saw together.  Each
 -- request took one token from every limit of its endpoint.
@@ -156,8 +277,8 @@ INSERT INTO demo_checks
 SELECT 4, 'no 429 where the true limit is at or above the configured one',
        coalesce(sum(p.throttled), 0) = 0,
        format('%s 429s at %s such endpoints', coalesce(sum(p.throttled), 0), count(*))
-FROM per_endpoint p JOIN demo_endpoints d USING (name)
-WHERE d.true_rate >= d.rate AND d.true_burst >= d.capacity;
+FROM per_endpoint p
+WHERE p.name NOT IN (SELECT name FROM above);
 
 INSERT INTO demo_checks
 SELECT 5, 'arrivals within rate*T + capacity (+ rate*' || :jitter || ' s of sending jitter)',
@@ -165,22 +286,111 @@ SELECT 5, 'arrivals within rate*T + capacity (+ rate*' || :jitter || ' s of send
        string_agg(format($$%s %s/%s$$, name, round(excess::numeric, 1), round((capacity + rate * :jitter)::numeric, 1)), ', ' ORDER BY name)
 FROM per_endpoint;
 
+-- Checks 6-10: the endpoints configured above their true limit.  Their
+-- figures, one row each: t0 their first request, t_end their last 2xx.
+CREATE TEMP TABLE throttled AS
+SELECT p.name, p.events, p.requests, p.ok, p.first_t AS t0, p.last_ok_t AS t_end,
+       (p.first_t + p.last_ok_t) / 2 AS mid, p.effective_rate,
+       (SELECT f.rate FROM phases f WHERE f.name = p.name AND f.t_to IS NULL) AS final_rate,
+       (SELECT count(*) FROM phases f WHERE f.name = p.name) > 1 AS changes,
+       -- 429s once settled: after t0 + settle and outside settle s after each change
+       (SELECT count(*) FROM seen s
+        WHERE s.name = p.name AND s.status = 429 AND s.t > p.first_t + :settle
+          AND NOT EXISTS (SELECT 1 FROM phases f
+                          WHERE f.name = p.name AND f.k > 0
+                            AND s.t BETWEEN f.t_from AND f.t_from + :settle)) AS late_429
+FROM per_endpoint p WHERE p.name IN (SELECT name FROM above);
+
+-- (a) the second half of the delivery, against the mean true limit then
 INSERT INTO demo_checks
-SELECT 6, 'configured above their limit: 429s stop within ' || :converge || ' s, rate ends at or below it',
-       bool_and(coalesce(last_429_after, 0) <= :converge AND effective_rate <= true_rate),
-       string_agg(format('%s: last 429 at %s s, %s/s (limit %s)', name,
-                         coalesce(round(last_429_after::numeric, 1), 0),
-                         round(effective_rate::numeric, 1), true_rate), '; ' ORDER BY name)
-FROM per_endpoint WHERE true_rate < rate;
+SELECT 6, format('above their limit: delivered/s over the second half of the delivery >= %s x the true limit', :min_share),
+       coalesce(bool_and(t_end > mid AND
+                         pg_temp.delivered_rate(name, mid, t_end) >= :min_share * pg_temp.allowed(name, mid, t_end) / (t_end - mid)),
+                false),
+       string_agg(CASE WHEN t_end > mid THEN
+                      format('%s %s/s from %s to %s s (>= %s%s)', name,
+                             round(pg_temp.delivered_rate(name, mid, t_end)::numeric, 1),
+                             round(mid::numeric, 1), round(t_end::numeric, 1),
+                             round((:min_share * pg_temp.allowed(name, mid, t_end) / (t_end - mid))::numeric, 1),
+                             CASE WHEN changes THEN format(', of a mean limit of %s',
+                                                          round((pg_temp.allowed(name, mid, t_end) / (t_end - mid))::numeric, 1))
+                                  ELSE '' END)
+                  ELSE format('%s: no delivery to measure', name) END, '; ' ORDER BY name)
+FROM throttled;
+
+-- (b) 429s once settled
+INSERT INTO demo_checks
+SELECT 7, format('above their limit: 429s later than %s s after the first request (or a change of limit) <= %s %% of the requests',
+                 :settle, trim_scale(100 * :late_429)),
+       coalesce(bool_and(late_429 <= :late_429 * requests), false),
+       string_agg(format('%s %s of %s (%s %%)', name, late_429, requests,
+                         round((100.0 * late_429 / greatest(requests, 1))::numeric, 1)), ', ' ORDER BY name)
+FROM throttled;
+
+-- (c) the effective rate at the end
+INSERT INTO demo_checks
+SELECT 8, format('above their limit: effective rate at the end within %s-%s x the true limit (the last one)',
+                 :final_lo, :final_hi),
+       coalesce(bool_and(effective_rate BETWEEN :final_lo * final_rate AND :final_hi * final_rate), false),
+       string_agg(format('%s %s/s of %s (%s x)', name, round(effective_rate::numeric, 1), final_rate,
+                         round((effective_rate / final_rate)::numeric, 2)), ', ' ORDER BY name)
+FROM throttled;
+
+-- (d) the time the whole delivery took
+INSERT INTO demo_checks
+SELECT 9, format('above their limit: last event delivered within the time the events take at %s x the true limit, + %s s',
+                 :min_share, :settle),
+       coalesce(bool_and(ok >= events AND
+                         t_end - t0 <= pg_temp.done_at(name, t0, events, :min_share) - t0 + :settle), false),
+       string_agg(format('%s %s of %s events in %s s (allowed %s s)', name, ok, events,
+                         round((t_end - t0)::numeric, 1),
+                         round((pg_temp.done_at(name, t0, events, :min_share) - t0 + :settle)::numeric, 1)),
+                  ', ' ORDER BY name)
+FROM throttled;
+
+-- (e) after each change of limit: the requests of that phase (from the
+-- change to the next one, or the end of the delivery), and what was
+-- delivered once settled (from the change + settle to the next change, or
+-- the end), if that is long enough to measure.
+CREATE TEMP TABLE after_change AS
+SELECT f.name, f.k, f.t_from, f.factor, f.rate,
+       least(coalesce(f.t_to, 'Infinity'), t.t_end) AS t_to,
+       least(coalesce(f.t_to, 'Infinity'), t.t_end) - (f.t_from + :settle) AS settled_len,
+       (SELECT count(*) FROM seen s
+        WHERE s.name = f.name AND s.t >= f.t_from AND s.t < coalesce(f.t_to, 'Infinity')) AS requests,
+       (SELECT count(*) FROM seen s
+        WHERE s.name = f.name AND s.status = 429
+          AND s.t > f.t_from + :settle AND s.t < coalesce(f.t_to, 'Infinity')) AS late_429
+FROM phases f JOIN throttled t ON t.name = f.name
+WHERE f.k > 0;
 
 INSERT INTO demo_checks
-SELECT 7, 'the unreachable endpoint tripped its breaker and then delivered everything',
+SELECT 10, format('after each change of limit: 429s later than %s s after it <= %s %% of the phase''s requests, then delivered/s >= %s x its limit',
+                  :settle, trim_scale(100 * :late_429), :min_share),
+       coalesce(bool_and(late_429 <= :late_429 * requests AND settled_len >= :min_window AND
+                         pg_temp.delivered_rate(name, t_from + :settle, t_to) >= :min_share * rate), false),
+       coalesce(string_agg(
+           format('%s x%s at %s s: 429s %s of %s (%s %%), ', name, factor, round(t_from::numeric, 1),
+                  late_429, requests, round((100.0 * late_429 / greatest(requests, 1))::numeric, 1)) ||
+           CASE WHEN settled_len >= :min_window THEN
+               format('%s/s from %s to %s s (>= %s)',
+                      round(pg_temp.delivered_rate(name, t_from + :settle, t_to)::numeric, 1),
+                      round((t_from + :settle)::numeric, 1), round(t_to::numeric, 1),
+                      round((:min_share * rate)::numeric, 1))
+           ELSE format('not measured: %s s from %s s settled to %s s, under %s s',
+                       round(greatest(settled_len, 0)::numeric, 1), round((t_from + :settle)::numeric, 1),
+                       round(t_to::numeric, 1), :min_window) END,
+           '; ' ORDER BY name, k), 'no endpoint configured above its limit changed it')
+FROM after_change;
+
+INSERT INTO demo_checks
+SELECT 11, 'the unreachable endpoint tripped its breaker and then delivered everything',
        breaker_opens >= 1 AND ok = events,
        format('breaker trips %s, delivered %s of %s', breaker_opens, ok, events)
 FROM per_endpoint WHERE name = 'down';
 
 INSERT INTO demo_checks
-SELECT 8, 'shared account: its endpoints together within rate*T + capacity (+ jitter)',
+SELECT 12, 'shared account: its endpoints together within rate*T + capacity (+ jitter)',
        bool_and(excess <= capacity + rate * :jitter),
        string_agg(format('%s %s/%s over %s', key, round(excess::numeric, 1),
                          round((capacity + rate * :jitter)::numeric, 1),
@@ -188,7 +398,7 @@ SELECT 8, 'shared account: its endpoints together within rate*T + capacity (+ ji
 FROM per_limit WHERE rate IS NOT NULL;
 
 INSERT INTO demo_checks
-SELECT 9, 'daily quota: never more requests than it allows, and it ran out',
+SELECT 13, 'daily quota: never more requests than it allows, and it ran out',
        bool_and(requests <= quota * windows AND (held > 0 OR windows > 1)),
        string_agg(format('%s: %s requests for a quota of %s, %s events held for its reset at %s',
                          key, requests, quota, held,

@@ -22,8 +22,11 @@
  * --config      the endpoints (below).  A bad config exits with status 2.
  * --log         the request log, created or truncated (below).
  * --seed        seed of the failure draws of fail=P (default 1).
- * --ready-file  written, holding the pid, once every listener that should be
- *               up at start is listening; removed at exit.
+ * --ready-file  written once every listener that should be up at start is
+ *               listening, two lines: the pid, then the wall-clock time
+ *               (CLOCK_REALTIME, microseconds since the Unix epoch) of the
+ *               start, the moment t_us 0 of the log stands for, so that
+ *               other clocks can be put on the log's axis; removed at exit.
  * It runs until SIGTERM or SIGINT, then closes its listeners and their
  * connections (waiting for requests being handled; an answer still held by
  * delay_ms is logged but may not reach the client), flushes the log and
@@ -39,6 +42,8 @@
  *   ep04 rate=100 burst=100 fail=0.15
  *   ep05 rate=30  burst=30  delay_ms=400
  *   ep06 rate=40  burst=40  down=0-10 port=8081
+ *   ep07 rate=40  burst=20  change=18:0.5,36:1
+ *   ep08 rate=25  burst=10  mode=bare
  *
  *   rate=R       requests per second the bucket refills, required
  *                (a number, 1e-6 to 1e9)
@@ -49,11 +54,20 @@
  *                  date       Retry-After: <IMF-fixdate of now + N,
  *                             rounded up to the next whole second>
  *                  ratelimit  RateLimit: limit=<B>, remaining=0, reset=<N>
- *                             RateLimit-Policy: <B>;w=<round(B/R), >= 1>
+ *                             RateLimit-Policy: <B>;w=<W>
  *                             and on 2xx: RateLimit: limit=<B>,
  *                             remaining=<tokens left>, reset=<s until full>
- *                N = max(1, ceil(seconds until the bucket holds a token));
- *                <B> is printed as floor(B), an integer as the fields require
+ *                             RateLimit-Policy: <B>;w=<W>
+ *                             The policy q;w=W means q requests per W
+ *                             seconds, in bursts of q: the true limit, so
+ *                             B must be a whole number and W = B/R a whole
+ *                             number of seconds >= 1 (R=30 B=30: 30;w=1),
+ *                             else the config is refused
+ *                  bare       nothing: a 429 with no Retry-After and no
+ *                             rate-limit field (nor any on 2xx)
+ *                N = max(1, ceil(seconds until the bucket holds a token, at
+ *                the rate of the moment)); <B> and <R> are the burst and the
+ *                rate of the moment (see change=)
  *   fail=P       of the requests the bucket admits (they spend a token), a
  *                fraction P answers 503 (no Retry-After) or 500, alternately;
  *                drawn from a per-endpoint generator seeded by --seed
@@ -67,6 +81,16 @@
  *                connections open at A are dropped).  The port stays bound
  *                meanwhile, so that nothing else takes it.  A taken port=
  *                is reported at start like the main port.
+ *   change=T1:F1[,T2:F2...]
+ *                the limit changes during the run: from T seconds after the
+ *                start on, the rate and the burst are F times rate= and
+ *                burst= (F > 0; T increasing; at most 16 steps; each F x
+ *                rate and F x burst within the bounds above).  The bucket is
+ *                refilled up to T at the old rate, then holds at most the
+ *                new burst (a larger burst fills at the new rate from
+ *                there).  With mode=ratelimit, W stays B/R and F x B must
+ *                be a whole number.  change=18:0.5,36:1: half the limit
+ *                from 18 s to 36 s, the configured one before and after.
  *
  * Requests: the path's first segment names the endpoint (/ep01; /ep01/x is
  * ep01 too); any method; the body is read and discarded.  Unknown names
@@ -129,6 +153,7 @@
 #define FLUSH_EVERY_LINES 1000  /* ... or this many lines, whichever first */
 #define CONNECTION_LIMIT 1000   /* per listener */
 #define IDLE_TIMEOUT_S 300      /* idle keep-alive connections closed after */
+#define MAX_CHANGES 16          /* steps of one change= schedule */
 
 /* ------------------------------------------------------------ types -- */
 
@@ -136,7 +161,16 @@ enum retry_mode
 {
     MODE_SECONDS,               /* Retry-After: N */
     MODE_DATE,                  /* Retry-After: <IMF-fixdate> */
-    MODE_RATELIMIT              /* RateLimit and RateLimit-Policy */
+    MODE_RATELIMIT,             /* RateLimit and RateLimit-Policy */
+    MODE_BARE                   /* no field at all */
+};
+
+/* One step of a change= schedule: from at_s on, the limit is factor x the
+ * configured one. */
+struct change
+{
+    double at_s;                /* seconds since start */
+    double factor;
 };
 
 struct endpoint
@@ -144,9 +178,12 @@ struct endpoint
     /* configuration: set before any thread starts, read-only after */
     char name[MAX_NAME + 1];
     int line;                   /* in the config file, for messages */
-    double rate;                /* tokens per second */
-    double burst;               /* bucket size */
+    double rate;                /* tokens per second, as configured */
+    double burst;               /* bucket size, as configured */
     enum retry_mode mode;
+    long long window_s;         /* mode=ratelimit: burst / rate, whole seconds */
+    struct change changes[MAX_CHANGES]; /* change=, in time order */
+    int n_changes;
     double fail_p;              /* fraction of admitted requests that fail */
     unsigned delay_ms;
     int port;                   /* own listener's port, 0: the main port */
@@ -155,6 +192,8 @@ struct endpoint
 
     /* state, guarded by lock */
     pthread_mutex_t lock;
+    double cur_rate, cur_burst; /* the limit now: configured x the last change */
+    int next_change;            /* changes[] not yet applied start here */
     double tokens;
     int64_t refilled_ns;        /* when tokens was last brought up to date */
     uint64_t rng;               /* splitmix64 state */
@@ -198,6 +237,7 @@ struct canned
 struct simulator
 {
     int64_t t0_ns;              /* CLOCK_MONOTONIC at start */
+    int64_t t0_wall_us;         /* CLOCK_REALTIME at start, microseconds */
     uint64_t seed;
     struct endpoint *endpoints; /* config order */
     size_t n_endpoints;
@@ -215,6 +255,7 @@ struct verdict
     int64_t retry_s;            /* 429: N, seconds until a token */
     int64_t remaining;          /* 2xx: whole tokens left */
     int64_t reset_s;            /* 2xx: seconds until the bucket is full */
+    long long limit;            /* the burst at that moment, whole requests */
 };
 
 struct options
@@ -259,6 +300,16 @@ monotonic_ns(void)
     if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
         fail_exit(EXIT_FAILURE, "clock_gettime: %s", strerror(errno));
     return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t
+wall_clock_us(void)
+{
+    struct timespec ts;
+
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+        fail_exit(EXIT_FAILURE, "clock_gettime: %s", strerror(errno));
+    return (int64_t) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 static int64_t
@@ -403,6 +454,39 @@ parse_window(const char *s, double *from, double *until)
         *from >= 0 && *until > *from;
 }
 
+/*
+ * "T1:F1,T2:F2,...": at most MAX_CHANGES steps, 0 <= T1 < T2 < ..., each
+ * F > 0.  Whether F x rate and F x burst are valid limits is checked once
+ * the whole line is read.
+ */
+static bool
+parse_changes(const char *s, struct endpoint *ep)
+{
+    char buf[512];
+    char *save, *item;
+
+    if (strlen(s) >= sizeof(buf))
+        return false;
+    strcpy(buf, s);
+    ep->n_changes = 0;
+    for (item = strtok_r(buf, ",", &save); item != NULL; item = strtok_r(NULL, ",", &save))
+    {
+        char *colon = strchr(item, ':');
+        struct change c;
+
+        if (colon == NULL || ep->n_changes == MAX_CHANGES)
+            return false;
+        *colon = '\0';
+        if (!parse_double(item, &c.at_s) || !parse_double(colon + 1, &c.factor) ||
+            c.at_s < 0 || c.factor <= 0)
+            return false;
+        if (ep->n_changes > 0 && c.at_s <= ep->changes[ep->n_changes - 1].at_s)
+            return false;
+        ep->changes[ep->n_changes++] = c;
+    }
+    return ep->n_changes > 0;
+}
+
 static void
 config_error(const char *path, int line, const char *fmt, ...)
 {
@@ -443,8 +527,11 @@ apply_option(struct endpoint *ep, const char *key, const char *value,
             ep->mode = MODE_DATE;
         else if (strcmp(value, "ratelimit") == 0)
             ep->mode = MODE_RATELIMIT;
+        else if (strcmp(value, "bare") == 0)
+            ep->mode = MODE_BARE;
         else
-            config_error(path, line, "mode must be seconds, date or ratelimit, not '%s'", value);
+            config_error(path, line, "mode must be seconds, date, ratelimit or bare, not '%s'",
+                         value);
     }
     else if (strcmp(key, "fail") == 0)
     {
@@ -469,15 +556,57 @@ apply_option(struct endpoint *ep, const char *key, const char *value,
             config_error(path, line, "down must be A-B seconds with 0 <= A < B, not '%s'", value);
         ep->has_down = true;
     }
+    else if (strcmp(key, "change") == 0)
+    {
+        if (!parse_changes(value, ep))
+            config_error(path, line, "change must be T:F[,T:F...] (at most %d, 0 <= T "
+                         "increasing, F > 0), not '%s'", MAX_CHANGES, value);
+    }
     else
-        config_error(path, line, "unknown key '%s' (known: rate burst mode fail delay_ms down port)", key);
+        config_error(path, line, "unknown key '%s' (known: rate burst mode fail delay_ms down "
+                     "port change)", key);
+}
+
+/* Is x a whole number (to a relative 1e-9, for values read as decimals)? */
+static bool
+is_whole(double x)
+{
+    return fabs(x - round(x)) <= 1e-9 * fmax(1, fabs(x));
+}
+
+/*
+ * mode=ratelimit publishes RateLimit-Policy: <B>;w=<W>, which means a rate
+ * of B/W and a burst of B: the burst must be a whole number of requests and
+ * burst / rate a whole number W >= 1 of seconds, at every step of change=
+ * too (a change scales rate and burst alike, so W stays; B x F must stay
+ * whole).  Sets ep->window_s; exits with status 2 otherwise.
+ */
+static void
+check_policy(struct endpoint *ep, const char *path, int line)
+{
+    double w = ep->burst / ep->rate;
+
+    if (!is_whole(ep->burst))
+        config_error(path, line, "mode=ratelimit: burst must be a whole number, not %g",
+                     ep->burst);
+    if (!is_whole(w) || round(w) < 1)
+        config_error(path, line, "mode=ratelimit: burst / rate must be a whole number of "
+                     "seconds >= 1 (its policy is <burst>;w=<burst / rate>), not %g / %g = %g",
+                     ep->burst, ep->rate, w);
+    ep->window_s = (long long) round(w);
+    for (int i = 0; i < ep->n_changes; i++)
+        if (!is_whole(ep->changes[i].factor * ep->burst))
+            config_error(path, line, "mode=ratelimit: change at %g s makes the burst %g, "
+                         "not a whole number", ep->changes[i].at_s,
+                         ep->changes[i].factor * ep->burst);
 }
 
 /* Parse the rest of a config line (after the name, strtok_r state in save). */
 static void
 parse_endpoint_options(struct endpoint *ep, char **save, const char *path, int line)
 {
-    static const char *const keys[] = {"rate", "burst", "mode", "fail", "delay_ms", "down", "port"};
+    static const char *const keys[] = {"rate", "burst", "mode", "fail", "delay_ms", "down",
+                                       "port", "change"};
     bool seen[sizeof(keys) / sizeof(keys[0])] = {false};
     char *tok;
 
@@ -504,6 +633,17 @@ parse_endpoint_options(struct endpoint *ep, char **save, const char *path, int l
         config_error(path, line, "burst= is required");
     if (ep->has_down && ep->port == 0)
         config_error(path, line, "down= needs port=: a down endpoint has its own listener");
+    for (int i = 0; i < ep->n_changes; i++)
+    {
+        double f = ep->changes[i].factor;
+
+        if (f * ep->rate < MIN_RATE || f * ep->rate > MAX_RATE ||
+            f * ep->burst < 1 || f * ep->burst > MAX_BURST)
+            config_error(path, line, "change at %g s: rate %g and burst %g are out of bounds",
+                         ep->changes[i].at_s, f * ep->rate, f * ep->burst);
+    }
+    if (ep->mode == MODE_RATELIMIT)
+        check_policy(ep, path, line);
 }
 
 static struct endpoint *
@@ -611,6 +751,9 @@ init_endpoints(struct simulator *sim)
         struct endpoint *ep = &sim->endpoints[i];
 
         init_mutex(&ep->lock);
+        ep->cur_rate = ep->rate;
+        ep->cur_burst = ep->burst;
+        ep->next_change = 0;
         ep->tokens = ep->burst;
         ep->refilled_ns = 0;
         ep->rng = sim->seed ^ hash_name(ep->name);
@@ -700,17 +843,42 @@ log_close(struct request_log *log)
 
 /* ----------------------------------------------------------- limiter -- */
 
-/* Bring the bucket up to now; the caller holds ep->lock. */
+/* Refill at the current limit from refilled_ns to until_ns. */
 static void
-refill(struct endpoint *ep, int64_t now_ns)
+refill_to(struct endpoint *ep, int64_t until_ns)
 {
-    double elapsed = (double) (now_ns - ep->refilled_ns) / 1e9;
+    double elapsed = (double) (until_ns - ep->refilled_ns) / 1e9;
 
     if (elapsed > 0)
     {
-        ep->tokens = fmin(ep->burst, ep->tokens + elapsed * ep->rate);
-        ep->refilled_ns = now_ns;
+        ep->tokens = fmin(ep->cur_burst, ep->tokens + elapsed * ep->cur_rate);
+        ep->refilled_ns = until_ns;
     }
+}
+
+/*
+ * Bring the bucket up to now; the caller holds ep->lock.  Each change=
+ * step passed since the last refill is applied at its own time: the refill
+ * up to it at the old limit, then the new rate and burst (the tokens cut to
+ * a smaller burst; a larger one fills at the new rate from there).
+ */
+static void
+refill(struct endpoint *ep, int64_t now_ns)
+{
+    while (ep->next_change < ep->n_changes)
+    {
+        const struct change *c = &ep->changes[ep->next_change];
+        int64_t at_ns = (int64_t) llround(c->at_s * 1e9);
+
+        if (at_ns > now_ns)
+            break;
+        refill_to(ep, at_ns);
+        ep->cur_rate = c->factor * ep->rate;
+        ep->cur_burst = c->factor * ep->burst;
+        ep->tokens = fmin(ep->tokens, ep->cur_burst);
+        ep->next_change++;
+    }
+    refill_to(ep, now_ns);
 }
 
 /* Status of a request the bucket admitted: 200, or a drawn failure. */
@@ -738,6 +906,7 @@ limiter_decide(struct simulator *sim, struct endpoint *ep,
     lock(&ep->lock);
     now_ns = since_start_ns(sim);
     refill(ep, now_ns);
+    v.limit = llround(ep->cur_burst);
     ep->n_requests++;
     if (ep->tokens >= 1)
     {
@@ -748,11 +917,11 @@ limiter_decide(struct simulator *sim, struct endpoint *ep,
         else
             ep->n_failed++;
         v.remaining = (int64_t) floor(ep->tokens);
-        v.reset_s = (int64_t) ceil((ep->burst - ep->tokens) / ep->rate);
+        v.reset_s = (int64_t) ceil((ep->cur_burst - ep->tokens) / ep->cur_rate);
     }
     else
     {
-        double wait_s = (1 - ep->tokens) / ep->rate;
+        double wait_s = (1 - ep->tokens) / ep->cur_rate;
 
         ep->n_throttled++;
         v.status = MHD_HTTP_TOO_MANY_REQUESTS;
@@ -847,20 +1016,25 @@ wall_clock_after(int64_t seconds)
     return now.tv_sec + (time_t) seconds + (now.tv_nsec > 0 ? 1 : 0);
 }
 
-/* The limit as the RateLimit fields print it: whole requests. */
+/*
+ * The limit as the RateLimit fields print it: the burst now, in whole
+ * requests (check_policy made it whole; rounded, not cut, since a factor of
+ * change= may leave it a hair off).
+ */
 static long long
-limit_field(const struct endpoint *ep)
+limit_field(const struct verdict *v)
 {
-    return (long long) floor(ep->burst);
+    return v->limit;
 }
 
-/* The window of RateLimit-Policy: round(burst / rate), at least 1 s. */
-static long long
-policy_window(const struct endpoint *ep)
+/* RateLimit-Policy: <B>;w=<W>, the rate B/W and the burst B now. */
+static bool
+add_policy(struct MHD_Response *r, const struct endpoint *ep, const struct verdict *v)
 {
-    long long w = llround(ep->burst / ep->rate);
+    char value[64];
 
-    return w < 1 ? 1 : w;
+    snprintf(value, sizeof(value), "%lld;w=%lld", limit_field(v), ep->window_s);
+    return MHD_add_response_header(r, "RateLimit-Policy", value) == MHD_YES;
 }
 
 /* The 429 of ep, with the headers of its mode. */
@@ -883,11 +1057,12 @@ throttled_response(const struct endpoint *ep, const struct verdict *v)
         break;
     case MODE_RATELIMIT:
         snprintf(value, sizeof(value), "limit=%lld, remaining=0, reset=%" PRId64,
-                 limit_field(ep), v->retry_s);
+                 limit_field(v), v->retry_s);
         ok = ok && MHD_add_response_header(r, "RateLimit", value) == MHD_YES;
-        snprintf(value, sizeof(value), "%lld;w=%lld", limit_field(ep), policy_window(ep));
-        ok = ok && MHD_add_response_header(r, "RateLimit-Policy", value) == MHD_YES;
+        ok = ok && add_policy(r, ep, v);
         break;
+    case MODE_BARE:
+        break;                  /* a 429 and nothing else */
     }
     if (!ok && r != NULL)
     {
@@ -897,7 +1072,8 @@ throttled_response(const struct endpoint *ep, const struct verdict *v)
     return r;
 }
 
-/* A 200 of a ratelimit-mode endpoint: RateLimit with what is left. */
+/* A 200 of a ratelimit-mode endpoint: RateLimit with what is left, and
+ * the policy. */
 static struct MHD_Response *
 ok_ratelimit_response(const struct endpoint *ep, const struct verdict *v)
 {
@@ -907,8 +1083,8 @@ ok_ratelimit_response(const struct endpoint *ep, const struct verdict *v)
     if (r == NULL)
         return NULL;
     snprintf(value, sizeof(value), "limit=%lld, remaining=%" PRId64 ", reset=%" PRId64,
-             limit_field(ep), v->remaining, v->reset_s);
-    if (MHD_add_response_header(r, "RateLimit", value) != MHD_YES)
+             limit_field(v), v->remaining, v->reset_s);
+    if (MHD_add_response_header(r, "RateLimit", value) != MHD_YES || !add_policy(r, ep, v))
     {
         MHD_destroy_response(r);
         return NULL;
@@ -1043,6 +1219,9 @@ handle_request(void *cls, struct MHD_Connection *conn, const char *url,
     const char *event_id, *attempt;
     struct verdict v;
 
+    (void) method;              /* any method, any version: the body is dropped */
+    (void) version;
+    (void) upload_data;
     if (*req_cls == NULL)
     {
         *req_cls = l;           /* any non-NULL marker: "headers seen" */
@@ -1319,9 +1498,13 @@ parse_args(int argc, char **argv)
     return o;
 }
 
-/* Write the pid to path, atomically (a temp file renamed into place). */
+/*
+ * Write the pid, then the start's wall-clock time in microseconds (what t_us
+ * 0 of the log is), one a line, to path, atomically (a temp file renamed
+ * into place).
+ */
 static void
-write_ready_file(const char *path)
+write_ready_file(const char *path, int64_t t0_wall_us)
 {
     size_t len = strlen(path) + 32;
     char *tmp = xcalloc(len, 1);
@@ -1331,7 +1514,8 @@ write_ready_file(const char *path)
     f = fopen(tmp, "w");
     if (f == NULL)
         fail_exit(EXIT_FAILURE, "cannot write %s: %s", tmp, strerror(errno));
-    if (fprintf(f, "%ld\n", (long) getpid()) < 0 || fclose(f) != 0 || rename(tmp, path) != 0)
+    if (fprintf(f, "%ld\n%" PRId64 "\n", (long) getpid(), t0_wall_us) < 0 || fclose(f) != 0 ||
+        rename(tmp, path) != 0)
         fail_exit(EXIT_FAILURE, "cannot write %s: %s", path, strerror(errno));
     free(tmp);
 }
@@ -1388,6 +1572,7 @@ main(int argc, char **argv)
     int rc;
 
     sim.t0_ns = monotonic_ns();
+    sim.t0_wall_us = wall_clock_us();
     opt = parse_args(argc, argv);
     sim.seed = opt.seed;
     load_config(&sim, opt.config_path, opt.port);
@@ -1408,7 +1593,7 @@ main(int argc, char **argv)
     create_listeners(&sim, opt.port);
     start_listeners(&sim);
     if (opt.ready_path != NULL)
-        write_ready_file(opt.ready_path);
+        write_ready_file(opt.ready_path, sim.t0_wall_us);
 
     run_until_signal(&sim, &stop_signals);
 

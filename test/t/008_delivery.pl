@@ -1,13 +1,17 @@
 # 008_delivery.pl — end to end: the demo's scenario, shorter, over real HTTP.
 #
-# demo/scenario on a server of this test's own: twelve destinations played by
-# demo/simulator (each with its own limiter, some limits below what ratebucket
-# is configured with, 429s in three styles, 5xx, an endpoint unreachable for
-# 10 s, a slow one), the reference dispatcher (demo/dispatcher.c, 8 workers)
-# delivering the queue of demo/queue.sql until it is empty.  The assertions
-# come from the simulator's own log of every request it received, loaded
-# into sim_requests, and are computed by demo/report.sql (the same checks the
-# demo prints); each becomes one test here:
+# demo/scenario on a server of this test's own: fifteen destinations played
+# by demo/simulator (each with its own limiter; six accept less than
+# ratebucket is configured with: 429s with Retry-After in seconds, as an
+# HTTP-date, as RateLimit headers, or with no header at all, a limit that
+# halves and comes back during the run, a pacer with no burst; besides, 5xx,
+# an endpoint unreachable for 10 s, a slow one), the reference dispatcher
+# (demo/dispatcher.c, 8 workers) delivering the queue of demo/queue.sql until
+# it is empty.  The assertions come from the simulator's own log of every
+# request it received, loaded into sim_requests, and from ratebucket's
+# buckets, and are computed by demo/report.sql (the same checks the demo
+# prints); each becomes one test here.  Checks 6 to 10 are about the six
+# destinations configured above their true limit, each with its figures:
 #
 #   1. every event delivered, but those the spent quota holds for tomorrow;
 #   2. none delivered twice (no event id with two 2xx at the destination);
@@ -17,17 +21,32 @@
 #      configured one;
 #   5. per destination, arrivals over any window T within rate*T + capacity,
 #      plus rate*0.25 s for the spread of a batch sent concurrently;
-#   6. destinations configured above their true limit stop answering 429
-#      within 20 s of their first request, and their effective rate ends at
-#      or below the true limit;
-#   7. the unreachable destination tripped its breaker, then got everything;
-#   8. two endpoints sharing an account's rate (their events' limits): their
+#   6. over the second half of its delivery, each delivered (2xx arrivals
+#      per second) at least 0.8 x its true limit (its mean then, for the
+#      one whose limit changes);
+#   7. 429s later than 10 s after its first request (and, for the changing
+#      one, than 10 s after each change) at most 1 % of its requests;
+#   8. its effective rate at the end within 0.8-1.1 x its true limit (the
+#      last one);
+#   9. its last event delivered within the time its events take at 0.8 x
+#      its true limit (as it changes), + 10 s, from its first request;
+#  10. after each change of limit: 429s later than 10 s after it at most 1 %
+#      of that phase's requests, and from then to the next change (or the
+#      end) at least 0.8 x that phase's limit delivered per second, a
+#      stretch of at least 3 s (DEMO_SCALE does not shorten a phase below
+#      14 s, so it is measured);
+#  11. the unreachable destination tripped its breaker, then got everything;
+#  12. two endpoints sharing an account's rate (their events' limits): their
 #      arrivals together, over any window T, within the account's
 #      rate*T + capacity (+ the same jitter), less than their own two allow;
-#   9. two endpoints sharing a daily quota of three quarters of their events:
+#  13. two endpoints sharing a daily quota of three quarters of their events:
 #      never more requests than the quota (per UTC day the run touched), and
 #      it ran out: the rest wait, pending, for its reset at midnight UTC
 #      (check 1 counts them as held, not lost).
+#
+# With gnuplot installed (gnuplot-nox: .ci/run installs it), the scenario
+# also draws demo/plot's PNG into this test's temp dir, and a test checks
+# that a PNG came out.
 
 use strict;
 use warnings;
@@ -52,6 +71,8 @@ $node->start;
 
 my $work = PostgreSQL::Test::Utils::tempdir();
 my $sim_port = PostgreSQL::Test::Cluster::get_free_port();
+my $have_gnuplot = system('command -v gnuplot >/dev/null 2>&1') == 0;
+my $plot = "$work/ratebucket-demo.png";
 
 my ($stdout, $stderr);
 {
@@ -61,6 +82,7 @@ my ($stdout, $stderr);
 		PGDATABASE => 'postgres',
 		DEMO_SCALE => '0.3',
 		DEMO_MAX_SECONDS => '120',
+		DEMO_PLOT => ($have_gnuplot ? $plot : 'none'),
 		SIM_PORT => $sim_port);
 	delete $ENV{PGUSER};
 	IPC::Run::run([ 'demo/scenario', 'demo', $work ],
@@ -75,7 +97,7 @@ my $checks = $node->safe_psql('postgres',
 	q{SELECT n || '|' || CASE WHEN ok THEN 't' ELSE 'f' END || '|' || name || '|' || detail
 	  FROM demo_checks ORDER BY n});
 my @rows = split /\n/, $checks;
-is(scalar @rows, 9, 'the report made its nine checks');
+is(scalar @rows, 13, 'the report made its thirteen checks');
 for my $row (@rows)
 {
 	my ($n, $ok, $name, $detail) = split /\|/, $row, 4;
@@ -84,14 +106,31 @@ for my $row (@rows)
 is($rc, 0, 'demo/scenario exited 0 (the dispatcher finished, every check held)');
 
 # The simulator saw traffic on every endpoint, and 429s where limits were
-# configured too high (otherwise checks 4 to 6 would be vacuous).
+# configured too high (otherwise checks 4 and 6 to 10 would be vacuous).
 is($node->safe_psql('postgres', q{
 SELECT count(DISTINCT endpoint) FROM sim_requests WHERE status BETWEEN 200 AND 299}),
-	'12', 'every destination received deliveries');
+	'15', 'every destination received deliveries');
 ok($node->safe_psql('postgres', q{
 SELECT count(*) FROM sim_requests r JOIN demo_endpoints d ON d.name = r.endpoint
 WHERE r.status = 429 AND d.true_rate < d.rate}) > 0,
 	'destinations configured above their limit did answer 429 (so convergence was tested)');
+# The sampler ran through the delivery: ratebucket's rates over time, for the plot.
+ok($node->safe_psql('postgres', q{
+SELECT count(DISTINCT s.t) FROM demo_samples s JOIN demo_endpoints d ON d.url = s.endpoint
+WHERE d.name = 'shifting'}) >= 20,
+	'the effective rates were sampled during the delivery');
+
+SKIP:
+{
+	skip 'gnuplot is not installed (gnuplot-nox): no plot drawn', 1 unless $have_gnuplot;
+	my $png = '';
+	if (open(my $fh, '<:raw', $plot))
+	{
+		read($fh, $png, 8);
+		close($fh);
+	}
+	ok(-s $plot && $png eq "\x89PNG\r\n\x1a\n", "demo/plot drew a PNG ($plot, " . (-s $plot // 0) . ' bytes)');
+}
 
 $node->stop;
 done_testing();
