@@ -133,7 +133,11 @@ $$;
 --    event of an endpoint without a configuration (configured_only).  One
 --    busy endpoint appears once: the next endpoints get their turn.
 --    The walk stops after 2 x batch / per_endpoint endpoints (at least 8), or
---    20 x batch events.
+--    20 x batch events.  Then it looks at as many endpoints again of those
+--    it parked events of (webhook_parking) that have due events, the best
+--    first due event first (one probe of webhook_events_endpoint for each
+--    row of webhook_parking): parked behind a backlog of older events, they
+--    would otherwise wait until the head of the queue reached them.
 -- 2. sized: what the event's other limits allow too: the whole tokens each
 --    bucket of its "limits" holds (bucket_grantable, which answers for a
 --    bucket every time: endpoints share their account) and the free slots
@@ -267,19 +271,42 @@ BEGIN
     walk_endpoints := greatest(8, 2 * ceil(batch::float8 / per_endpoint)::int);
 
     RETURN QUERY
-    WITH walk AS MATERIALIZED (
+    WITH head AS MATERIALIZED (
+        SELECT f.endpoint, f.limits, f.inflight_key, f.n, f.place
+        FROM (SELECT q.*, row_number() OVER () AS place    -- its row in the walk
+              FROM (SELECT e.endpoint, e.limits, e.inflight_key,
+                           ratebucket.bucket_claimable(e.endpoint, per_endpoint,
+                                                       configured_only => true) AS n
+                    FROM webhook_events e
+                    WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+                    ORDER BY e.priority DESC, e.next_attempt_at
+                    LIMIT 20 * batch) q) f
+        WHERE f.n IS NOT NULL
+        LIMIT walk_endpoints
+    ), walk AS MATERIALIZED (
+        -- the head, then endpoints whose parked events are due, oldest
+        -- parking first: parked behind a backlog, the head may not reach them
         SELECT h.endpoint, h.limits, h.inflight_key, h.n, h.place, row_number() OVER () AS pos
-        FROM (SELECT f.endpoint, f.limits, f.inflight_key, f.n, f.place
-              FROM (SELECT q.*, row_number() OVER () AS place    -- its row in the walk
-                    FROM (SELECT e.endpoint, e.limits, e.inflight_key,
-                                 ratebucket.bucket_claimable(e.endpoint, per_endpoint,
-                                                             configured_only => true) AS n
-                          FROM webhook_events e
-                          WHERE e.status = 'pending' AND e.next_attempt_at <= now()
-                          ORDER BY e.priority DESC, e.next_attempt_at
-                          LIMIT 20 * batch) q) f
-              WHERE f.n IS NOT NULL
-              LIMIT walk_endpoints) h
+        FROM (SELECT hd.endpoint, hd.limits, hd.inflight_key, hd.n, hd.place FROM head hd
+              UNION ALL
+              SELECT b.endpoint, b.limits, b.inflight_key, b.n, NULL
+              FROM (SELECT x.endpoint, x.limits, x.inflight_key,
+                           ratebucket.bucket_claimable(x.endpoint, per_endpoint,
+                                                       configured_only => true) AS n
+                    FROM (SELECT y.endpoint, y.limits, y.inflight_key
+                          FROM webhook_parking p
+                          CROSS JOIN LATERAL (
+                              SELECT e.endpoint, e.limits, e.inflight_key,
+                                     e.priority, e.next_attempt_at
+                              FROM webhook_events e
+                              WHERE e.endpoint = p.endpoint
+                                AND e.status = 'pending' AND e.next_attempt_at <= now()
+                              ORDER BY e.priority DESC, e.next_attempt_at
+                              LIMIT 1) y
+                          WHERE p.endpoint NOT IN (SELECT hd2.endpoint FROM head hd2)
+                          ORDER BY y.priority DESC, y.next_attempt_at
+                          LIMIT walk_endpoints) x) b
+              WHERE b.n IS NOT NULL) h
     ), sized AS MATERIALIZED (
         SELECT v.endpoint, v.limits, v.inflight_key, v.pos,
                -- least ignores NULL: no limits, no cap
@@ -356,6 +383,15 @@ BEGIN
               GROUP BY z.endpoint, z.limits, z.inflight_key) p
         -- (one condition: the lock is tried only for endpoints to park)
         WHERE CASE WHEN p.wait > 0 AND p.wait >= park_after
+                        -- paced at a rate (its next token within a minute):
+                        -- not when its parked events reach 2 s past its next
+                        -- token already (they would keep a pace the rate may
+                        -- leave)
+                        AND NOT (p.rate > 0 AND p.wait < 60 AND EXISTS (
+                            SELECT FROM webhook_parking c
+                            WHERE c.endpoint = p.endpoint
+                              AND c.parked_until > now() + make_interval(secs =>
+                                      least(p.wait, 366 * 86400.0) + 2)))
                    THEN pg_try_advisory_xact_lock(hashtext('claim_events: parking'),
                                                   hashtext(p.endpoint))
                    ELSE false END
@@ -372,14 +408,18 @@ BEGIN
                              THEN true ELSE false END
                     AND e2.status = 'pending' AND e2.next_attempt_at <= now()
                   ORDER BY e2.priority DESC, e2.next_attempt_at
-                  -- the chunk: see 6 above
-                  LIMIT least(park_max, (
+                  -- the chunk: see 6 above; at a rate, at most 2 s of its tokens
+                  -- (at least per_endpoint), so that the next chunk follows the
+                  -- rate as feedback moves it
+                  LIMIT least(park_max,
+                              CASE WHEN p.rate > 0
+                                   THEN greatest(per_endpoint, ceil(least(p.rate, 1e9) * 2))::int END, (
                       SELECT CASE WHEN count(*) < walk_endpoints
                                   THEN park_max
                                   ELSE greatest(per_endpoint * count(*)
                                                     / greatest(count(*) FILTER (WHERE w.n > 0), 1),
                                                 max(w.place) - count(*)) END
-                      FROM walk w))
+                      FROM walk w WHERE w.place IS NOT NULL))
                   FOR UPDATE SKIP LOCKED) y) x
     ), cursors AS (                 -- where each endpoint's parked events go
         INSERT INTO webhook_parking AS c (endpoint, parked_from, parked_until, rate, parked)

@@ -83,7 +83,7 @@ SELECT round(effective_rate::numeric, 3) AS effective_rate, at_floor_since IS NO
 FROM ratebucket.bucket_status WHERE endpoint = 'f:halve';
 
 -- Recovery, computed from time: held during the cooldown, then a concave
--- return within return_time (2 s) to return_fraction (0.9) of the rate the
+-- return within return_time (2 s) to return_fraction (0.85) of the rate the
 -- 429's request was sent at (100/s), then a convex climb, x2 over
 -- recovery_interval (15 s), never above the configured rate.  At explicit
 -- times:
@@ -273,7 +273,7 @@ SET ratebucket.recovery_factor = 100;
 SET ratebucket.min_cooldown = 0;
 SELECT ratebucket.bucket_configure('k:api', 100, 10);
 SELECT effective_rate FROM ratebucket.bucket_observe('k:api', 429, '0');
-SELECT pg_sleep(0.3);
+SELECT pg_sleep(0.6);
 SELECT effective_rate FROM ratebucket.bucket_status WHERE endpoint = 'k:api';
 SELECT effective_rate FROM ratebucket.bucket_observe('k:api', 503, '0');
 SELECT effective_rate FROM ratebucket.bucket_observe('k:api', 429, '1');

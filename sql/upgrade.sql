@@ -353,8 +353,12 @@ SELECT * FROM fresh_vs_updated ORDER BY object, property, side;
 -- bucket_stripe, stripe_key, the view's stripes) and of 1.3
 -- (bucket_grantable, bucket_claimable's configured_only form, the type
 -- batch_request, bucket_take_batch, inflight_acquire's new body) and of 1.4
--- (the in-flight functions' language, library and C symbol), with all their
--- properties (privileges and comments included), and nothing else.  A later
+-- (the in-flight functions' language, library and C symbol) and of 1.5 (the
+-- table's columns target_factor, burst_factor, limit_factor and
+-- limit_burst_factor, the comments of rate_factor and factor_at, and
+-- bucket_observe with its fifth argument, sent_at, in place of the
+-- four-argument one, with its grants), with all their properties
+-- (privileges and comments included), and nothing else.  A later
 -- version's update adds its own lines here.
 SELECT coalesce(n.object, o.object) AS object, coalesce(n.property, o.property) AS property,
 	   o.value AS "1.0", n.value AS updated

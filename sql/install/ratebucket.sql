@@ -76,6 +76,7 @@ CREATE TABLE ratebucket.buckets (
 	-- The throttle episode's return level and a limit the destination
 	-- published came with 1.5, after them.
 	target_factor	float8,
+	burst_factor	float8,
 	limit_factor	float8,
 	limit_burst_factor float8,
 	CONSTRAINT buckets_pkey PRIMARY KEY (endpoint)
@@ -133,6 +134,8 @@ COMMENT ON COLUMN ratebucket.buckets.factor_at IS
 'When the effective rate starts its return: the end of the last throttle episode''s cooldown.';
 COMMENT ON COLUMN ratebucket.buckets.target_factor IS
 'Multiplier on the rate that the effective rate returns to after the last throttle episode; NULL: rate_factor.';
+COMMENT ON COLUMN ratebucket.buckets.burst_factor IS
+'Multiplier on the capacity set by the last throttle episode, as of factor_at; it grows back with time. NULL: 1.';
 COMMENT ON COLUMN ratebucket.buckets.limit_factor IS
 'The rate the destination published (RateLimit-Policy, X-RateLimit-Limit with a window), over the rate; the effective rate never exceeds it. NULL: none published.';
 COMMENT ON COLUMN ratebucket.buckets.limit_burst_factor IS

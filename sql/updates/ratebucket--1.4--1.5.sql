@@ -13,6 +13,7 @@
 
 ALTER TABLE ratebucket.buckets
 	ADD COLUMN target_factor float8,
+	ADD COLUMN burst_factor float8,
 	ADD COLUMN limit_factor float8,
 	ADD COLUMN limit_burst_factor float8;
 
@@ -22,6 +23,8 @@ COMMENT ON COLUMN ratebucket.buckets.factor_at IS
 'When the effective rate starts its return: the end of the last throttle episode''s cooldown.';
 COMMENT ON COLUMN ratebucket.buckets.target_factor IS
 'Multiplier on the rate that the effective rate returns to after the last throttle episode; NULL: rate_factor.';
+COMMENT ON COLUMN ratebucket.buckets.burst_factor IS
+'Multiplier on the capacity set by the last throttle episode, as of factor_at; it grows back with time. NULL: 1.';
 COMMENT ON COLUMN ratebucket.buckets.limit_factor IS
 'The rate the destination published (RateLimit-Policy, X-RateLimit-Limit with a window), over the rate; the effective rate never exceeds it. NULL: none published.';
 COMMENT ON COLUMN ratebucket.buckets.limit_burst_factor IS

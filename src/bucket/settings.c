@@ -21,7 +21,7 @@
 RbSettings	rb_settings = {
 	.throttle_factor = 0.7,
 	.floor_fraction = 0.1,
-	.return_fraction = 0.9,
+	.return_fraction = 0.85,
 	.return_time_ms = 2000,
 	.recovery_factor = 2.0,
 	.recovery_interval_s = 15,
@@ -48,7 +48,7 @@ rb_settings_init(void)
 							 PGC_SUSET, 0, NULL, NULL, NULL);
 	DefineCustomRealVariable("ratebucket.return_fraction",
 							 "After a throttle episode, the effective rate returns to this fraction of the rate the throttled request was sent at.",
-							 NULL, &rb_settings.return_fraction, 0.9, 0.01, 1.0,
+							 NULL, &rb_settings.return_fraction, 0.85, 0.01, 1.0,
 							 PGC_SUSET, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("ratebucket.return_time",
 							"Time the effective rate takes to return, along a concave curve, after a throttle episode's cooldown.",

@@ -118,6 +118,7 @@ static const RbColumn rb_columns[] = {
 	COL_OPT("quota_time_zone", RB_TXTN, quota_time_zone),
 	/* 1.5: the throttle episode's curve, a published limit */
 	COL_OPT("target_factor", RB_F8N, adapt.target_factor),
+	COL_OPT("burst_factor", RB_F8N, adapt.burst_factor),
 	COL_OPT("limit_factor", RB_F8N, adapt.limit_factor),
 	COL_OPT("limit_burst_factor", RB_F8N, adapt.limit_burst_factor),
 };

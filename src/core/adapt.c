@@ -20,6 +20,12 @@
 
 #include "core/adapt.h"
 
+/* A level that held, kept by the next episode: this much of it. */
+#define RB_HELD_DECAY 0.95
+
+/* The burst grows back by recovery_factor over this many intervals. */
+#define RB_BURST_INTERVALS 4.0
+
 /* rb_adapt_init: the state of a bucket nobody has heard from. */
 void
 rb_adapt_init(RbAdapt *adapt)
@@ -27,6 +33,7 @@ rb_adapt_init(RbAdapt *adapt)
 	adapt->rate_factor = 1.0;
 	adapt->factor_at = RB_NO_TIME;
 	adapt->target_factor = NAN;
+	adapt->burst_factor = NAN;
 	adapt->limit_factor = NAN;
 	adapt->limit_burst_factor = NAN;
 	adapt->cooldown_until = RB_NO_TIME;
@@ -108,10 +115,11 @@ rb_max_time(int64_t a, int64_t b)
  *		  then, for return_time, a concave return to target_factor,
  *			target - (target - rate_factor) * (1 - t / return_time)^3,
  *		  fast at first and flat on arrival (the shape of TCP CUBIC);
- *		  then a convex climb above it, slow at first:
- *			target * (1 + (recovery_factor - 1) * (t' / recovery_interval)^3),
- *		  t' the time since the return ended: recovery_factor times the
- *		  target after recovery_interval;
+ *		  then a convex climb above it, slow at first, across the gap to the
+ *		  ceiling:
+ *			target + (1 - target) * (recovery_factor - 1) * (t' / recovery_interval)^3,
+ *		  t' the time since the return ended: with recovery_factor 2, the
+ *		  ceiling after recovery_interval;
  *		never above 1.  A row without a target (none was set, or it was
  *		written before targets existed) climbs from rate_factor at once.
  */
@@ -148,7 +156,7 @@ rb_curve_now(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
 	{
 		double		x = t / policy->recovery_interval;
 
-		f *= 1.0 + (policy->recovery_factor - 1.0) * x * x * x;
+		f += (1.0 - target) * (policy->recovery_factor - 1.0) * x * x * x;
 	}
 	if (!(f <= 1.0))			/* also an overflow to Inf */
 		f = 1.0;
@@ -173,12 +181,39 @@ rb_factor_now(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
 }
 
 /*
+ * rb_burst_curve
+ *		The burst factor a throttle episode set, at "now": burst_factor
+ *		until factor_at, then growing by recovery_factor per
+ *		RB_BURST_INTERVALS recovery intervals, never above 1: slower than
+ *		the rate, so that a destination that takes no burst is not sent one
+ *		again at every probe.
+ */
+static double
+rb_burst_curve(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	double		b = adapt->burst_factor;
+
+	if (!(b < 1.0))				/* also NaN */
+		return 1.0;
+	if (adapt->factor_at != RB_NO_TIME && now > adapt->factor_at &&
+		policy->recovery_factor > 1.0)
+		b *= pow(policy->recovery_factor,
+				 ((double) now - (double) adapt->factor_at) /
+				 RB_USECS_PER_SEC /
+				 (policy->recovery_interval * RB_BURST_INTERVALS));
+	return b < 1.0 ? b : 1.0;
+}
+
+/*
  * rb_burst_fraction, rb_capacity_now
  *		The capacity in force at "now" for a bucket whose configured (or
  *		requested) capacity is "capacity": it shrinks and recovers with the
- *		rate factor, so that a full bucket lasts as long as configured
- *		(capacity / rate) at the rate in force, and never exceeds a burst the
- *		destination published (but the floor's share).  Never less than a take of "want" needs (at
+ *		rate factor, so that a full bucket lasts no longer than configured
+ *		(capacity / rate) at the rate in force; each throttle episode halves
+ *		it further (a destination that takes less of a burst than of a
+ *		rate: a pacer), and it grows back as the rate climbs; it never
+ *		exceeds a burst the destination published (but the floor's share).
+ *		Lowered, it is a whole number of tokens.  Never less than a take of "want" needs (at
  *		most the capacity itself), so that a take that fits the capacity
  *		always comes through in time, and never less than one token.
  */
@@ -186,7 +221,10 @@ double
 rb_burst_fraction(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
 {
 	double		f = rb_curve_now(adapt, policy, now);
+	double		b = rb_burst_curve(adapt, policy, now);
 
+	if (b < f)
+		f = b;
 	if (adapt->limit_burst_factor < f)	/* false for NaN */
 		f = adapt->limit_burst_factor;
 	if (f < policy->floor_factor)
@@ -204,7 +242,8 @@ rb_capacity_now(const RbAdapt *adapt, const RbPolicy *policy, double capacity,
 
 	if (f >= 1.0)
 		return capacity;
-	c = capacity * f;
+	/* whole tokens: a fraction above one would let takes come closer */
+	c = floor(capacity * f);
 	least = want > 1.0 ? want : 1.0;
 	if (least > capacity)
 		least = capacity;
@@ -338,16 +377,30 @@ rb_cool_down(RbState *state, RbAdapt *adapt, int64_t until)
  *		the cooldown it asked for was applied.  The rate the request was sent
  *		at is where the destination's limit was crossed: the rate drops to
  *		throttle_factor of it (never below the floor), and returns, once the
- *		cooldown is over, to return_fraction of it.  The burst follows
- *		(rb_capacity_now).
+ *		cooldown is over, to return_fraction of it, or to just below the
+ *		level the last episode returned to if the request was sent once that
+ *		level had held.  The burst halves (rb_capacity_now).
  */
 void
 rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 					int64_t now)
 {
 	double		at_send = rb_factor_now(adapt, policy, sent);
+	double		burst = rb_burst_curve(adapt, policy, now);
 	double		low = at_send * policy->throttle_factor;
 	double		target = at_send * policy->return_fraction;
+
+	/*
+	 * Sent once the last episode's return was over, at or above its level:
+	 * that level held for a while, so the limit lies about there; the rate
+	 * returns a little below it (RB_HELD_DECAY: a level that only held while
+	 * the destination's burst lasted is left in a few episodes).
+	 */
+	if (!isnan(adapt->target_factor) && adapt->factor_at != RB_NO_TIME &&
+		sent >= adapt->factor_at + (int64_t) (policy->return_time * RB_USECS_PER_SEC) &&
+		adapt->target_factor <= at_send &&
+		adapt->target_factor * RB_HELD_DECAY > target)
+		target = adapt->target_factor * RB_HELD_DECAY;
 
 	if (low <= policy->floor_factor)
 	{
@@ -359,6 +412,7 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 		target = low;
 	adapt->rate_factor = low < 1.0 ? low : 1.0;
 	adapt->target_factor = target < 1.0 ? target : 1.0;
+	adapt->burst_factor = burst * 0.5;
 	adapt->factor_at = adapt->cooldown_until != RB_NO_TIME &&
 		adapt->cooldown_until > now ? adapt->cooldown_until : now;
 }
@@ -594,6 +648,7 @@ bool
 rb_adapt_is_idle(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
 {
 	return rb_curve_now(adapt, policy, now) >= 1.0 &&
+		rb_burst_curve(adapt, policy, now) >= 1.0 &&
 		isnan(adapt->limit_factor) && isnan(adapt->limit_burst_factor) &&
 		(adapt->cooldown_until == RB_NO_TIME || adapt->cooldown_until <= now) &&
 		(adapt->paused_until == RB_NO_TIME || adapt->paused_until <= now) &&

@@ -54,6 +54,8 @@ typedef struct RbAdapt
 	int64_t		factor_at;		/* when the return to target_factor starts:
 								 * the end of the episode's cooldown */
 	double		target_factor;	/* the level it returns to; NaN: rate_factor */
+	double		burst_factor;	/* multiplier on the capacity at factor_at,
+								 * growing back like the rate; NaN: 1 */
 	double		limit_factor;	/* a published rate over the ceiling; NaN:
 								 * none published */
 	double		limit_burst_factor; /* a published burst over the capacity;

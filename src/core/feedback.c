@@ -30,6 +30,9 @@
 
 #include "core/feedback.h"
 
+/* The climb above a return level takes at least this many requests' time. */
+#define RB_PROBE_REQUESTS 300.0
+
 /*
  * rb_policy_resolve
  *		The policy in force for a bucket whose ceiling (the rate its takes
@@ -56,6 +59,13 @@ rb_policy_resolve(const RbSettings *settings, const RbOverrides *overrides,
 	policy->recovery_factor = isnan(overrides->recovery_factor) ?
 		settings->recovery_factor : overrides->recovery_factor;
 	policy->recovery_interval = settings->recovery_interval_s;
+	/*
+	 * At least the time RB_PROBE_REQUESTS requests take at the ceiling: a
+	 * climb that crosses a limit costs a 429 or a few, so that it costs a
+	 * slow endpoint no larger a share of its requests than a fast one.
+	 */
+	if (ceiling > 0.0 && RB_PROBE_REQUESTS / ceiling > policy->recovery_interval)
+		policy->recovery_interval = RB_PROBE_REQUESTS / ceiling;
 	policy->default_cooldown = (int64_t) settings->default_cooldown_ms * 1000;
 	policy->min_cooldown = (int64_t) settings->min_cooldown_ms * 1000;
 	policy->max_cooldown = (int64_t) settings->max_cooldown_ms * 1000;
@@ -200,16 +210,26 @@ rb_new_episode(const RbAdapt *before, int64_t sent, int64_t now)
 	return before->cooldown_until == RB_NO_TIME || before->cooldown_until <= now;
 }
 
-/* Hold no more than "remaining" tokens at "now". */
+/*
+ * Hold no more than "remaining" tokens at "now", plus what the rate refilled
+ * since the request was sent (the destination answered at some point in
+ * between, and refilled too since; without a send time, nothing).
+ */
 static void
 rb_cap_tokens(RbState *state, const RbAdapt *adapt, const RbPolicy *policy,
-			  const RbObserved *bucket, double remaining, int64_t now)
+			  const RbObserved *bucket, double remaining, int64_t sent,
+			  int64_t now)
 {
-	rb_advance(state, bucket->ceiling * rb_factor_now(adapt, policy, now),
+	double		rate = bucket->ceiling * rb_factor_now(adapt, policy, now);
+	double		most = remaining > 0 ? remaining : 0.0;
+
+	rb_advance(state, rate,
 			   rb_capacity_now(adapt, policy, bucket->capacity, 0.0, now),
 			   now);
-	if (state->tokens > remaining)
-		state->tokens = remaining > 0 ? remaining : 0.0;
+	if (sent != RB_NO_TIME && sent < now)
+		most += rate * (((double) now - (double) sent) / RB_USECS_PER_SEC);
+	if (state->tokens > most)
+		state->tokens = most;
 }
 
 /* The counters an answer moves (but the breaker's and the cooldowns'). */
@@ -289,7 +309,8 @@ rb_feedback_observe(RbState *state, RbAdapt *adapt,
 	 * (held tokens would be refused there).
 	 */
 	if (rl.has_remaining && !bucket->is_quota && bucket->holds_tokens)
-		rb_cap_tokens(state, adapt, policy, bucket, rl.remaining, now);
+		rb_cap_tokens(state, adapt, policy, bucket, rl.remaining,
+					  response->sent_at == RB_NO_TIME ? RB_NO_TIME : sent, now);
 
 	/* The breaker. */
 	rb_breaker_observe(adapt, policy, outcome, now);

@@ -30,7 +30,8 @@
  *	   in force within [min(1, capacity), capacity];
  *	 - a 429 lowers the rate once per episode: one to a request sent before
  *	   the last episode's cooldown ended lowers nothing, a new one brings it
- *	   to throttle_factor of the rate its request was sent at (or the floor);
+ *	   below the rate its request was sent at, to throttle_factor of it (or
+ *	   the floor) when no earlier episode left a level to go back to;
  *	 - a remaining count leaves no more tokens than it says;
  *	 - the cooldown never shrinks, and rb_clamp_cooldown stays in
  *	   [min_cooldown, max_cooldown];
@@ -654,7 +655,13 @@ step_observe(Reader *r)
 			CHECK(row.adapt.factor_at >= now);
 			CHECK(row.adapt.factor_at == row.adapt.cooldown_until ||
 				  row.adapt.factor_at == now);
+			/*
+			 * Never above the rate it was sent at; with no earlier
+			 * episode's level to go back to, throttle_factor of it.
+			 */
 			if (!published)
+				CHECK(f_after <= fmax(policy.floor_factor, f_sent) * (1.0 + 1e-9));
+			if (!published && isnan(before_adapt.target_factor))
 				CHECK(f_after <= fmax(policy.floor_factor,
 									  f_sent * policy.throttle_factor) * (1.0 + 1e-9));
 		}

@@ -731,8 +731,8 @@ $node->stop;
 {
 	my $queue = slurp_file('demo/queue.sql');
 	my $doc = slurp_file('doc/claim.md');
-	my ($code) = $queue =~ /^(    WITH walk AS MATERIALIZED \(.*?\n    RETURNING e\.id[^\n]*;)$/ms;
-	my ($shown) = $doc =~ /^(WITH walk AS MATERIALIZED \(.*?)^```/ms;
+	my ($code) = $queue =~ /^(    WITH head AS MATERIALIZED \(.*?\n    RETURNING e\.id[^\n]*;)$/ms;
+	my ($shown) = $doc =~ /^(WITH head AS MATERIALIZED \(.*?)^```/ms;
 	ok(defined $code && defined $shown, 'the claim statement is found in demo/queue.sql and doc/claim.md');
 	$code =~ s/^    //mg if defined $code;
 	is($shown, (defined $code ? "$code\n" : undef),
