@@ -84,8 +84,9 @@ FROM ratebucket.bucket_status WHERE endpoint = 'f:halve';
 
 -- Recovery, computed from time: held during the cooldown, then a concave
 -- return within return_time (2 s) to return_fraction (0.85) of the rate the
--- 429's request was sent at (100/s), then a convex climb, x2 over
--- recovery_interval (15 s), never above the configured rate.  At explicit
+-- 429's request was sent at (100/s), then a convex climb across the gap to
+-- the configured rate, all of it over recovery_interval (15 s; 600
+-- requests at 100/s take longer, 6 s), never above the configured rate.  At explicit
 -- times:
 SELECT b.cooldown_until AS cd FROM ratebucket.buckets b WHERE endpoint = 'f:api' \gset
 SELECT d.label, round(n.effective_rate::numeric, 3) AS effective_rate,
@@ -265,13 +266,14 @@ SELECT endpoint FROM ratebucket.buckets WHERE endpoint LIKE 'x:%' ORDER BY endpo
 --
 -- Recovery already earned is kept when a new cooldown starts: a second 429
 -- after full recovery lowers the full rate again, and a cooldown without a
--- 429 (a 503 with Retry-After) lowers nothing.  Fast recovery for the test.
+-- 429 (a 503 with Retry-After) lowers nothing.  Fast recovery for the test
+-- (at 1000/s, 600 requests take less than the interval of 1 s).
 --
 SET ratebucket.return_time = '100ms';
 SET ratebucket.recovery_interval = '1s';
 SET ratebucket.recovery_factor = 100;
 SET ratebucket.min_cooldown = 0;
-SELECT ratebucket.bucket_configure('k:api', 100, 10);
+SELECT ratebucket.bucket_configure('k:api', 1000, 10);
 SELECT effective_rate FROM ratebucket.bucket_observe('k:api', 429, '0');
 SELECT pg_sleep(0.6);
 SELECT effective_rate FROM ratebucket.bucket_status WHERE endpoint = 'k:api';
@@ -318,18 +320,23 @@ SELECT ratebucket.bucket_configure('e:api', 100, 10);
 SELECT clock_timestamp() AS before_episode \gset
 SELECT effective_rate, round(cooldown_seconds::numeric, 0) AS cooldown
 FROM ratebucket.bucket_observe('e:api', 429, '1', NULL, clock_timestamp());
+SELECT rate_factor AS f1, factor_at AS at1 FROM ratebucket.buckets WHERE endpoint = 'e:api' \gset
 SELECT pg_sleep(1.1);
--- the cooldown is over; an answer to a request of the same burst arrives
-SELECT outcome, round(effective_rate::numeric, 1) AS effective_rate
-FROM ratebucket.bucket_observe('e:api', 429, '1', NULL, :'before_episode');
-SELECT throttles, cooldowns FROM ratebucket.bucket_status WHERE endpoint = 'e:api';
--- a request sent at 70/s, after the cooldown (which that late answer
--- renewed: its Retry-After still counts): the next episode, from 70/s
+-- the cooldown is over; an answer to a request of the same burst arrives:
+-- the episode's curve is untouched (its cooldown is renewed: that
+-- Retry-After still counts)
+SELECT outcome FROM ratebucket.bucket_observe('e:api', 429, '1', NULL, :'before_episode');
+SELECT rate_factor = :f1 AS same_low, factor_at = :'at1' AS same_curve, throttles, cooldowns
+FROM ratebucket.buckets WHERE endpoint = 'e:api';
+-- a request sent after the episode's cooldown (none here, so it ends at
+-- once): the next episode, from the rate it was sent at (70/s)
+SET ratebucket.min_cooldown = 0;
 SELECT ratebucket.bucket_configure('e:next', 100, 10);
 SELECT effective_rate FROM ratebucket.bucket_observe('e:next', 429, '0', NULL, clock_timestamp());
 SELECT factor_at AS episode_end FROM ratebucket.buckets WHERE endpoint = 'e:next' \gset
-SELECT round(effective_rate::numeric, 1) AS effective_rate
+SELECT round(effective_rate::numeric, 3) AS effective_rate
 FROM ratebucket.bucket_observe('e:next', 429, '5', NULL, :'episode_end');
+RESET ratebucket.min_cooldown;
 -- A send time after the answer (a client clock ahead) counts as the answer's.
 SELECT outcome FROM ratebucket.bucket_observe('e:api', 429, NULL, NULL, clock_timestamp() + interval '1 hour');
 SELECT * FROM ratebucket.bucket_observe('e:api', 200, NULL, NULL, 'infinity');
@@ -339,22 +346,25 @@ SELECT * FROM ratebucket.bucket_observe('e:api', 200, NULL, NULL, 'infinity');
 -- bursts of q, a ceiling for the rate and the capacity until it publishes
 -- another; a remaining count caps the tokens held.
 --
-SELECT ratebucket.bucket_configure('l:api', 60, 30);
-SELECT outcome, effective_rate
-FROM ratebucket.bucket_observe('l:api', 200, NULL, '{"RateLimit-Policy": "15;w=1"}');
-SELECT round(tokens::numeric, 3) AS tokens, limit_factor, limit_burst_factor
+-- (A floor low enough not to hide the policy; rates so low that nothing
+-- refills while the takes run.)
+SELECT ratebucket.bucket_configure('l:api', 6, 30, floor_rate => 0.001);
+SELECT outcome, round(effective_rate::numeric, 3) AS effective_rate
+FROM ratebucket.bucket_observe('l:api', 200, NULL, '{"RateLimit-Policy": "15;w=100"}');
+SELECT round(s.tokens::numeric, 3) AS tokens, round(b.limit_factor::numeric, 4) AS limit_factor,
+	   b.limit_burst_factor
 FROM ratebucket.bucket_status s JOIN ratebucket.buckets b USING (endpoint)
 WHERE endpoint = 'l:api';
-SELECT count(*) FILTER (WHERE t.allowed) AS granted_of_20
-FROM generate_series(1, 20), LATERAL ratebucket.bucket_take('l:api') t;
+SELECT count(*) FILTER (WHERE a) AS granted_of_20
+FROM (SELECT (ratebucket.bucket_take('l:api')).allowed AS a FROM generate_series(1, 20)) x;
 -- a higher policy raises the ceiling again
-SELECT effective_rate
-FROM ratebucket.bucket_observe('l:api', 200, NULL, '{"RateLimit-Policy": "45;w=1"}');
+SELECT round(effective_rate::numeric, 3) AS effective_rate
+FROM ratebucket.bucket_observe('l:api', 200, NULL, '{"RateLimit-Policy": "45;w=10"}');
 -- remaining 2 of the destination's window: no more than 2 tokens held
-SELECT ratebucket.bucket_configure('l:rem', 60, 30);
+SELECT ratebucket.bucket_configure('l:rem', 0.01, 30);
 SELECT outcome FROM ratebucket.bucket_observe('l:rem', 200, NULL, '{"RateLimit": "limit=30, remaining=2, reset=1"}');
-SELECT count(*) FILTER (WHERE t.allowed) AS granted_of_5
-FROM generate_series(1, 5), LATERAL ratebucket.bucket_take('l:rem') t;
+SELECT count(*) FILTER (WHERE a) AS granted_of_5
+FROM (SELECT (ratebucket.bucket_take('l:rem')).allowed AS a FROM generate_series(1, 5)) x;
 
 --
 -- Bad input: a clear error, nothing changed.

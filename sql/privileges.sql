@@ -32,6 +32,7 @@ GRANT EXECUTE ON FUNCTION
 	ratebucket.bucket_ready(text, float8),
 	ratebucket.bucket_wait(text, float8),
 	ratebucket.bucket_claimable(text, int),
+	ratebucket.bucket_observe(text, int, text, jsonb),
 	ratebucket.bucket_observe(text, int, text, jsonb, timestamptz),
 	ratebucket.inflight_acquire(text, int),
 	ratebucket.inflight_release(text, bigint[]),

@@ -107,7 +107,7 @@ FROM ratebucket.bucket_status WHERE endpoint = 's:hot';
 SELECT allowed, wait_seconds >= 59 AS waits_out_the_cooldown
 FROM ratebucket.bucket_take('s:hot', 1);
 SELECT count(*) FILTER (WHERE s.cooldown_until > now()) AS stripes_cooling,
-	   count(*) FILTER (WHERE s.rate_factor = 0.5) AS stripes_halved
+	   count(*) FILTER (WHERE s.rate_factor = 0.7) AS stripes_lowered
 FROM generate_series(0, 3) i JOIN ratebucket.buckets s
   ON s.endpoint = ratebucket.stripe_key('s:hot', i, 4);
 SELECT ratebucket.bucket_reset('s:hot') AS reset;

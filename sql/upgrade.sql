@@ -355,9 +355,9 @@ SELECT * FROM fresh_vs_updated ORDER BY object, property, side;
 -- batch_request, bucket_take_batch, inflight_acquire's new body) and of 1.4
 -- (the in-flight functions' language, library and C symbol) and of 1.5 (the
 -- table's columns target_factor, burst_factor, limit_factor and
--- limit_burst_factor, the comments of rate_factor and factor_at, and
--- bucket_observe with its fifth argument, sent_at, in place of the
--- four-argument one, with its grants), with all their properties
+-- limit_burst_factor, the comments of rate_factor and factor_at, and the
+-- form of bucket_observe with a fifth argument, sent_at), with all their
+-- properties
 -- (privileges and comments included), and nothing else.  A later
 -- version's update adds its own lines here.
 SELECT coalesce(n.object, o.object) AS object, coalesce(n.property, o.property) AS property,

@@ -431,7 +431,25 @@ CREATE FUNCTION ratebucket.bucket_observe(
 	status int,
 	retry_after text DEFAULT NULL,
 	headers jsonb DEFAULT NULL,
-	sent_at timestamptz DEFAULT NULL,
+	OUT outcome text,
+	OUT cooldown_seconds float8,
+	OUT effective_rate float8,
+	OUT breaker text)
+RETURNS record
+AS 'MODULE_PATHNAME', 'ratebucket_observe'
+LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100;
+
+COMMENT ON FUNCTION ratebucket.bucket_observe(text, int, text, jsonb) IS
+'Report what the destination answered: its HTTP status (0 or NULL: no response), its Retry-After, and its response headers as a jsonb object (rate-limit fields are read from it). Returns the outcome (success, throttled, unavailable, failure, neutral), the cooldown it started, the effective rate now and the breaker state. An endpoint without a bucket changes nothing (outcome is still reported).';
+
+-- The same, with the request's send time (all five arguments: a form with
+-- defaults would make a call of two to four arguments ambiguous).
+CREATE FUNCTION ratebucket.bucket_observe(
+	endpoint text,
+	status int,
+	retry_after text,
+	headers jsonb,
+	sent_at timestamptz,
 	OUT outcome text,
 	OUT cooldown_seconds float8,
 	OUT effective_rate float8,
@@ -441,7 +459,7 @@ AS 'MODULE_PATHNAME', 'ratebucket_observe'
 LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100;
 
 COMMENT ON FUNCTION ratebucket.bucket_observe(text, int, text, jsonb, timestamptz) IS
-'Report what the destination answered: its HTTP status (0 or NULL: no response), its Retry-After, its response headers as a jsonb object (rate-limit fields are read from it), and when the request was sent (a 429 to a request sent before the last throttle episode ended lowers nothing more). Returns the outcome (success, throttled, unavailable, failure, neutral), the cooldown it started, the effective rate now and the breaker state. An endpoint without a bucket changes nothing (outcome is still reported).';
+'bucket_observe with the time the request was sent (NULL: not known): a 429 to a request sent before the last throttle episode''s cooldown ended lowers the effective rate no further, however late it is recorded.';
 
 -- The header parsers bucket_observe uses, for users and tests to call.
 CREATE FUNCTION ratebucket.parse_retry_after(

@@ -2,9 +2,9 @@
 
 -- ratebucket 1.4 -> 1.5: feedback that finds a destination's limit.
 --
--- The table gets the throttle episode's return level and the limit a
--- destination published; bucket_observe gets the request's send time
--- (optional, last), which judges whether a 429 starts a new episode.  The
+-- The table gets the throttle episode's return level, its burst, and the
+-- limit a destination published; bucket_observe gets a form with the
+-- request's send time, which judges whether a 429 starts a new episode.  The
 -- library reads a row that lacks the new columns as having none of them,
 -- so the old functions keep working until this update runs.
 
@@ -30,42 +30,24 @@ COMMENT ON COLUMN ratebucket.buckets.limit_factor IS
 COMMENT ON COLUMN ratebucket.buckets.limit_burst_factor IS
 'The burst the destination published, over the capacity; the capacity in force never exceeds it. NULL: none published.';
 
--- A new argument is a new signature: the four-argument function goes, and
--- the five-argument one takes its defaults, its privileges and its comment.
-DO $$
-DECLARE
-	grants text[];
-	g text;
-BEGIN
-	SELECT coalesce(array_agg(format('%s%s', a.grantee::regrole,
-									 CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)),
-					'{}')
-	INTO grants
-	FROM pg_proc p, aclexplode(p.proacl) a
-	WHERE p.oid = 'ratebucket.bucket_observe(text, int, text, jsonb)'::regprocedure
-	  AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0;
+-- bucket_observe with the request's send time: a second form, with all
+-- five arguments (defaults would make the calls of the four-argument form
+-- ambiguous).  Like every object an update adds, granted to no one.
+CREATE FUNCTION ratebucket.bucket_observe(
+	endpoint text,
+	status int,
+	retry_after text,
+	headers jsonb,
+	sent_at timestamptz,
+	OUT outcome text,
+	OUT cooldown_seconds float8,
+	OUT effective_rate float8,
+	OUT breaker text)
+RETURNS record
+AS 'MODULE_PATHNAME', 'ratebucket_observe'
+LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100;
 
-	DROP FUNCTION ratebucket.bucket_observe(text, int, text, jsonb);
-
-	CREATE FUNCTION ratebucket.bucket_observe(
-		endpoint text,
-		status int,
-		retry_after text DEFAULT NULL,
-		headers jsonb DEFAULT NULL,
-		sent_at timestamptz DEFAULT NULL,
-		OUT outcome text,
-		OUT cooldown_seconds float8,
-		OUT effective_rate float8,
-		OUT breaker text)
-	RETURNS record
-	AS 'MODULE_PATHNAME', 'ratebucket_observe'
-	LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100;
-
-	REVOKE ALL ON FUNCTION ratebucket.bucket_observe(text, int, text, jsonb, timestamptz) FROM PUBLIC;
-	FOREACH g IN ARRAY grants LOOP
-		EXECUTE format('GRANT EXECUTE ON FUNCTION ratebucket.bucket_observe(text, int, text, jsonb, timestamptz) TO %s', g);
-	END LOOP;
-END $$;
+REVOKE ALL ON FUNCTION ratebucket.bucket_observe(text, int, text, jsonb, timestamptz) FROM PUBLIC;
 
 COMMENT ON FUNCTION ratebucket.bucket_observe(text, int, text, jsonb, timestamptz) IS
-'Report what the destination answered: its HTTP status (0 or NULL: no response), its Retry-After, its response headers as a jsonb object (rate-limit fields are read from it), and when the request was sent (a 429 to a request sent before the last throttle episode ended lowers nothing more). Returns the outcome (success, throttled, unavailable, failure, neutral), the cooldown it started, the effective rate now and the breaker state. An endpoint without a bucket changes nothing (outcome is still reported).';
+'bucket_observe with the time the request was sent (NULL: not known): a 429 to a request sent before the last throttle episode''s cooldown ended lowers the effective rate no further, however late it is recorded.';

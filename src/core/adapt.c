@@ -20,8 +20,15 @@
 
 #include "core/adapt.h"
 
-/* A level that held, kept by the next episode: this much of it. */
-#define RB_HELD_DECAY 0.95
+/*
+ * A level that held, kept by the next episode: this much of it, from
+ * RB_HELD_SHORT for a level that held only just past its return (a
+ * destination's burst may have hidden an excess that long) up to
+ * RB_HELD_LONG for one that held RB_HELD_SECONDS or more.
+ */
+#define RB_HELD_SHORT 0.85
+#define RB_HELD_LONG 0.95
+#define RB_HELD_SECONDS 10.0
 
 /* The burst grows back by recovery_factor over this many intervals. */
 #define RB_BURST_INTERVALS 4.0
@@ -389,6 +396,9 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 	double		burst = rb_burst_curve(adapt, policy, now);
 	double		low = at_send * policy->throttle_factor;
 	double		target = at_send * policy->return_fraction;
+	int64_t		held_from = adapt->factor_at +
+		(int64_t) (policy->return_time * RB_USECS_PER_SEC);
+	double		keep = RB_HELD_SHORT;
 
 	/*
 	 * Sent once the last episode's return was over, at or above its level:
@@ -396,11 +406,26 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 	 * returns a little below it (RB_HELD_DECAY: a level that only held while
 	 * the destination's burst lasted is left in a few episodes).
 	 */
+	if (adapt->factor_at != RB_NO_TIME && sent >= held_from)
+	{
+		double		held = ((double) sent - (double) held_from) / RB_USECS_PER_SEC;
+
+		keep += (RB_HELD_LONG - RB_HELD_SHORT) *
+			(held < RB_HELD_SECONDS ? held / RB_HELD_SECONDS : 1.0);
+	}
 	if (!isnan(adapt->target_factor) && adapt->factor_at != RB_NO_TIME &&
-		sent >= adapt->factor_at + (int64_t) (policy->return_time * RB_USECS_PER_SEC) &&
-		adapt->target_factor <= at_send &&
-		adapt->target_factor * RB_HELD_DECAY > target)
-		target = adapt->target_factor * RB_HELD_DECAY;
+		sent >= held_from && adapt->target_factor <= at_send &&
+		adapt->target_factor * keep > target)
+	{
+		/*
+		 * Refused at that very level, not above it (no climb yet): a
+		 * request that met the destination early (jitter), not a rate too
+		 * high; after the cooldown, straight back to just below it.
+		 */
+		if (at_send <= adapt->target_factor * 1.02)
+			low = adapt->target_factor * keep;
+		target = adapt->target_factor * keep;
+	}
 
 	if (low <= policy->floor_factor)
 	{

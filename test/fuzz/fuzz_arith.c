@@ -602,8 +602,13 @@ step_observe(Reader *r)
 						&observed, &resp, now, unix_now(), &obs);
 	check_row(before_refilled);
 	f_after = rb_factor_now(&row.adapt, &policy, now);
+	/* no more tokens than remaining, plus the refill since the send */
 	if (rl.has_remaining && rl.remaining >= 0.0)
-		CHECK(row.state.tokens <= rl.remaining);
+		CHECK(row.state.tokens <=
+			  (rl.remaining +
+			   (resp.sent_at == RB_NO_TIME ? 0.0 :
+				ceiling * f_after * ((double) now - (double) sent) / 1e6)) *
+			  (1.0 + 1e-9) + 1e-9);
 
 	/* what it reports is what the row now says */
 	CHECK(obs.outcome == rb_response_outcome(&resp, unix_now()));
