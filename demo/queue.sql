@@ -383,15 +383,6 @@ BEGIN
               GROUP BY z.endpoint, z.limits, z.inflight_key) p
         -- (one condition: the lock is tried only for endpoints to park)
         WHERE CASE WHEN p.wait > 0 AND p.wait >= park_after
-                        -- paced at a rate (its next token within a minute):
-                        -- not when its parked events reach 2 s past its next
-                        -- token already (they would keep a pace the rate may
-                        -- leave)
-                        AND NOT (p.rate > 0 AND p.wait < 60 AND EXISTS (
-                            SELECT FROM webhook_parking c
-                            WHERE c.endpoint = p.endpoint
-                              AND c.parked_until > now() + make_interval(secs =>
-                                      least(p.wait, 366 * 86400.0) + 2)))
                    THEN pg_try_advisory_xact_lock(hashtext('claim_events: parking'),
                                                   hashtext(p.endpoint))
                    ELSE false END
@@ -408,11 +399,12 @@ BEGIN
                              THEN true ELSE false END
                     AND e2.status = 'pending' AND e2.next_attempt_at <= now()
                   ORDER BY e2.priority DESC, e2.next_attempt_at
-                  -- the chunk: see 6 above; at a rate, at most 2 s of its tokens
-                  -- (at least per_endpoint), so that the next chunk follows the
-                  -- rate as feedback moves it
+                  -- the chunk: see 6 above; paced at more than a token a second,
+                  -- its next token within a minute, at most 2 s of its tokens (at
+                  -- least per_endpoint), so that the next chunk follows the rate as
+                  -- feedback moves it
                   LIMIT least(park_max,
-                              CASE WHEN p.rate > 0
+                              CASE WHEN p.rate > 1 AND p.wait < 60
                                    THEN greatest(per_endpoint, ceil(least(p.rate, 1e9) * 2))::int END, (
                       SELECT CASE WHEN count(*) < walk_endpoints
                                   THEN park_max
