@@ -383,6 +383,15 @@ BEGIN
               GROUP BY z.endpoint, z.limits, z.inflight_key) p
         -- (one condition: the lock is tried only for endpoints to park)
         WHERE CASE WHEN p.wait > 0 AND p.wait >= park_after
+                        -- paced at more than a token a second, its next
+                        -- token within a minute: not when its parked events
+                        -- reach 2 s past its next token already (they would
+                        -- keep a pace the rate may leave)
+                        AND NOT (p.rate > 1 AND p.wait < 60 AND EXISTS (
+                            SELECT FROM webhook_parking c
+                            WHERE c.endpoint = p.endpoint
+                              AND c.parked_until > now() + make_interval(secs =>
+                                      least(p.wait, 366 * 86400.0) + 2)))
                    THEN pg_try_advisory_xact_lock(hashtext('claim_events: parking'),
                                                   hashtext(p.endpoint))
                    ELSE false END
