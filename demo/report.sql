@@ -291,6 +291,8 @@ FROM per_endpoint;
 
 -- Checks 6-10: the endpoints configured above their true limit.  Their
 -- figures, one row each: t0 their first request, t_end their last 2xx.
+-- (A figure missing, for an endpoint that got no request or no 2xx, fails
+-- its check: IS TRUE below.)
 CREATE TEMP TABLE throttled AS
 SELECT p.name, p.events, p.requests, p.ok, p.first_t AS t0, p.last_ok_t AS t_end,
        (p.first_t + p.last_ok_t) / 2 AS mid,
@@ -318,9 +320,9 @@ FROM per_endpoint p WHERE p.name IN (SELECT name FROM above);
 -- (a) the second half of the delivery, against the mean true limit then
 INSERT INTO demo_checks
 SELECT 6, format('above their limit: delivered/s over the second half of the delivery >= %s x the true limit', :min_share),
-       coalesce(bool_and(t_end > mid AND
-                         pg_temp.delivered_rate(name, mid, t_end) >= :min_share * pg_temp.allowed(name, mid, t_end) / (t_end - mid)),
-                false),
+       coalesce(bool_and((t_end > mid AND
+                          pg_temp.delivered_rate(name, mid, t_end) >= :min_share * pg_temp.allowed(name, mid, t_end) / (t_end - mid))
+                         IS TRUE), false),
        string_agg(CASE WHEN t_end > mid THEN
                       format('%s %s/s from %s to %s s (>= %s%s)', name,
                              round(pg_temp.delivered_rate(name, mid, t_end)::numeric, 1),
@@ -336,7 +338,7 @@ FROM throttled;
 INSERT INTO demo_checks
 SELECT 7, format('above their limit: 429s later than %s s after the first request (or a change of limit) <= %s %% of the requests (or %s)',
                  :settle, trim_scale(100 * :late_429), :late_429_min),
-       coalesce(bool_and(late_429 <= greatest(:late_429 * requests, :late_429_min)), false),
+       coalesce(bool_and((late_429 <= greatest(:late_429 * requests, :late_429_min)) IS TRUE), false),
        string_agg(format('%s %s of %s (%s %%)', name, late_429, requests,
                          round((100.0 * late_429 / greatest(requests, 1))::numeric, 1)), ', ' ORDER BY name)
 FROM throttled;
@@ -345,7 +347,7 @@ FROM throttled;
 INSERT INTO demo_checks
 SELECT 8, format('above their limit: effective rate over the second half of its delivery (median) within %s-%s x the true limit (the last one)',
                  :final_lo, :final_hi),
-       coalesce(bool_and(effective_rate BETWEEN :final_lo * final_rate AND :final_hi * final_rate), false),
+       coalesce(bool_and((effective_rate BETWEEN :final_lo * final_rate AND :final_hi * final_rate) IS TRUE), false),
        string_agg(format('%s %s/s of %s (%s x)', name, round(effective_rate::numeric, 1), final_rate,
                          round((effective_rate / final_rate)::numeric, 2)), ', ' ORDER BY name)
 FROM throttled;
@@ -354,8 +356,8 @@ FROM throttled;
 INSERT INTO demo_checks
 SELECT 9, format('above their limit: last event delivered within the time the events take at %s x the true limit, + %s s',
                  :min_share, :settle),
-       coalesce(bool_and(ok >= events AND
-                         t_end - t0 <= pg_temp.done_at(name, t0, events, :min_share) - t0 + :settle), false),
+       coalesce(bool_and((ok >= events AND
+                          t_end - t0 <= pg_temp.done_at(name, t0, events, :min_share) - t0 + :settle) IS TRUE), false),
        string_agg(format('%s %s of %s events in %s s (allowed %s s)', name, ok, events,
                          round((t_end - t0)::numeric, 1),
                          round((pg_temp.done_at(name, t0, events, :min_share) - t0 + :settle)::numeric, 1)),
@@ -381,8 +383,8 @@ WHERE f.k > 0;
 INSERT INTO demo_checks
 SELECT 10, format('after each change of limit: 429s later than %s s after it <= %s %% of the phase''s requests, then delivered/s >= %s x its limit',
                   :settle, trim_scale(100 * :late_429), :min_share),
-       coalesce(bool_and(late_429 <= greatest(:late_429 * requests, :late_429_min) AND settled_len >= :min_window AND
-                         pg_temp.delivered_rate(name, t_from + :settle, t_to) >= :min_share * rate), false),
+       coalesce(bool_and((late_429 <= greatest(:late_429 * requests, :late_429_min) AND settled_len >= :min_window AND
+                          pg_temp.delivered_rate(name, t_from + :settle, t_to) >= :min_share * rate) IS TRUE), false),
        coalesce(string_agg(
            format('%s x%s at %s s: 429s %s of %s (%s %%), ', name, factor, round(t_from::numeric, 1),
                   late_429, requests, round((100.0 * late_429 / greatest(requests, 1))::numeric, 1)) ||
@@ -391,7 +393,7 @@ SELECT 10, format('after each change of limit: 429s later than %s s after it <= 
                       round(pg_temp.delivered_rate(name, t_from + :settle, t_to)::numeric, 1),
                       round((t_from + :settle)::numeric, 1), round(t_to::numeric, 1),
                       round((:min_share * rate)::numeric, 1))
-           ELSE format('not measured: %s s from %s s settled to %s s, under %s s',
+           ELSE format('not measured: %s s from %s s (settled) to %s s, under %s s',
                        round(greatest(settled_len, 0)::numeric, 1), round((t_from + :settle)::numeric, 1),
                        round(t_to::numeric, 1), :min_window) END,
            '; ' ORDER BY name, k), 'no endpoint configured above its limit changed it')
