@@ -279,6 +279,11 @@ BEGIN
                                                        configured_only => true) AS n
                     FROM webhook_events e
                     WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+                      -- an endpoint parked 2 s ahead already: met below,
+                      -- not in the way of the endpoints behind it
+                      AND NOT EXISTS (SELECT FROM webhook_parking c
+                                      WHERE c.endpoint = e.endpoint
+                                        AND c.parked_until > now() + interval '2 s')
                     ORDER BY e.priority DESC, e.next_attempt_at
                     LIMIT 20 * batch) q) f
         WHERE f.n IS NOT NULL
