@@ -59,7 +59,7 @@ my %configured = (
 	'cfg_reconf'    => [7,    14],
 	'cfg_explicit'  => [2.5,  7.5],
 	'rt_then_cfg'   => [3,    6],
-	$odd            => [0.05, 1.5],
+	$odd            => [0.001, 1.5],
 	'long'          => [1,    1],    # the endpoint is repeat('x', 1024)
 );
 my @runtime = ('rt_1', 'rt_2_drained', 'rt_3');
@@ -91,7 +91,7 @@ SELECT ratebucket.bucket_configure('cfg_explicit', 2.5, 7.5);
 SELECT ratebucket.bucket_take('cfg_explicit', 50, 60, 5);    -- explicit limits on a configured endpoint (capped by it)
 SELECT ratebucket.bucket_take('rt_then_cfg', 3, 6, 2);
 SELECT ratebucket.bucket_configure('rt_then_cfg', 3, 6);
-SELECT ratebucket.bucket_configure('$odd', 0.05, 1.5);
+SELECT ratebucket.bucket_configure('$odd', 0.001, 1.5);
 SELECT ratebucket.bucket_take('$odd', 1);
 SELECT ratebucket.bucket_configure(repeat('x', 1024), 1, 1);
 SELECT ratebucket.bucket_configure('cfg_dropped', 1, 1);
@@ -253,7 +253,7 @@ is(tq(q{SELECT allowed, remaining FROM ratebucket.bucket_take('rt_new', 10, 20)}
 is(tq(q{SELECT allowed FROM ratebucket.bucket_take('cfg_explicit', 50, 60, 1)}),
 	't', 'restored: explicit take on a configured endpoint');
 is(tq(qq{SELECT allowed FROM ratebucket.bucket_take(${\ ep_sql($odd)}, 1)}),
-	'f', 'restored: the odd-named endpoint (0.05/s, 0.5 token at the dump) is found and still empty');
+	'f', 'restored: the odd-named endpoint (0.001/s, 0.5 token at the dump: 500 s from a whole one) is found and still empty');
 
 # A runtime endpoint is not configured after the restore.
 my ($rc, $out, $err) = $target->psql('restored',
