@@ -1380,7 +1380,7 @@ wait_for_work(Worker *w, double wait_s, double min_s)
     for (;;)
     {
         double now = now_s();
-        double until = w->notified ? earliest : deadline;
+        double until = w->notified ? fmin(earliest, deadline) : deadline;
         struct pollfd fds[2] = {
             {.fd = sock, .events = POLLIN},
             {.fd = stop_pipe[0], .events = POLLIN},
@@ -1454,12 +1454,15 @@ worker_init(Worker *w)
  * The loop: claim, deliver, record; when there is nothing to claim, sleep
  * until next_due() or a NOTIFY.
  *
- * Never spin.  If next_due() says something is due but the claim keeps
- * finding nothing (the due events are locked by other workers, or a lease
- * expired and waits for requeue_expired), the shortest sleep doubles from
- * 1 ms up to 1 s with each such empty claim, and NOTIFYs wake the worker no
- * sooner.  It goes back to 1 ms after a claim that returns events, or after
- * an idle second.
+ * Never spin.  If next_due() says something is due already but the claim
+ * keeps finding nothing (the due events are locked by other workers, or a
+ * lease expired and waits for requeue_expired), or NOTIFYs keep waking the
+ * worker for nothing, the shortest sleep doubles from 1 ms up to 1 s with
+ * each such empty claim, and NOTIFYs wake the worker no sooner.  It goes
+ * back to 1 ms after a claim that returns events, after a wake-up at a due
+ * time next_due() gave (another worker was first: that is no spin, and
+ * a worker that slept past due times would delay them, a whole token at
+ * an endpoint with a bucket of one), or after an idle second.
  */
 static int
 worker_loop(Worker *w)
@@ -1529,9 +1532,12 @@ worker_loop(Worker *w)
             goto failed;
         if (rc == 0)            /* NULL: nothing pending */
             sleep_s = MAX_SLEEP;
+        else if (due > min_sleep)   /* a due time ahead: wake up then */
+            sleep_s = fmin(due, MAX_SLEEP);
         else
-            sleep_s = fmin(fmax(due, min_sleep), MAX_SLEEP);
-        expected_work = rc == 1 && due < MAX_SLEEP;
+            sleep_s = min_sleep;
+        /* due already (or about to be): an empty claim after it is a spin */
+        expected_work = rc == 1 && due <= MIN_SLEEP;
         rc = wait_for_work(w, sleep_s, min_sleep);
         if (rc < 0)
             goto failed;

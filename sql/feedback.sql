@@ -267,7 +267,7 @@ SELECT endpoint FROM ratebucket.buckets WHERE endpoint LIKE 'x:%' ORDER BY endpo
 -- Recovery already earned is kept when a new cooldown starts: a second 429
 -- after full recovery lowers the full rate again, and a cooldown without a
 -- 429 (a 503 with Retry-After) lowers nothing.  Fast recovery for the test
--- (at 1000/s, 600 requests take less than the interval of 1 s).
+-- (at 1000/s the interval is the time of 1200 requests, 1.2 s).
 --
 SET ratebucket.return_time = '100ms';
 SET ratebucket.recovery_interval = '1s';

@@ -30,6 +30,9 @@
 #define RB_HELD_LONG 0.95
 #define RB_HELD_SECONDS 10.0
 
+/* A refusal at most this much above a level that held is one at it. */
+#define RB_AT_LEVEL 1.02
+
 /* The burst grows back by recovery_factor over this many intervals. */
 #define RB_BURST_INTERVALS 4.0
 
@@ -386,7 +389,8 @@ rb_cool_down(RbState *state, RbAdapt *adapt, int64_t until)
  *		throttle_factor of it (never below the floor), and returns, once the
  *		cooldown is over, to return_fraction of it, or to just below the
  *		level the last episode returned to if the request was sent once that
- *		level had held.  The burst halves (rb_capacity_now).
+ *		level had held (to that level itself if it held RB_HELD_SECONDS and
+ *		a climb above it was refused).  The burst halves (rb_capacity_now).
  */
 void
 rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
@@ -403,8 +407,9 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 	/*
 	 * Sent once the last episode's return was over, at or above its level:
 	 * that level held for a while, so the limit lies about there; the rate
-	 * returns a little below it (RB_HELD_DECAY: a level that only held while
-	 * the destination's burst lasted is left in a few episodes).
+	 * returns a little below it, the closer the longer it held (a level
+	 * that only held while the destination's burst hid an excess is left
+	 * in an episode or two).
 	 */
 	if (adapt->factor_at != RB_NO_TIME && sent >= held_from)
 	{
@@ -421,9 +426,14 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 		 * Refused at that very level, not above it (no climb yet): a
 		 * request that met the destination early (jitter), not a rate too
 		 * high; after the cooldown, straight back to just below it.
+		 * Refused above it, once it had held RB_HELD_SECONDS: the climb
+		 * crossed the limit, the level itself did not, and the rate returns
+		 * to it whole (TCP CUBIC's last good window).
 		 */
-		if (at_send <= adapt->target_factor * 1.02)
+		if (at_send <= adapt->target_factor * RB_AT_LEVEL)
 			low = adapt->target_factor * keep;
+		else if (keep >= RB_HELD_LONG)
+			keep = 1.0;
 		target = adapt->target_factor * keep;
 	}
 

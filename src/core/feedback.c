@@ -31,7 +31,7 @@
 #include "core/feedback.h"
 
 /* The climb above a return level takes at least this many requests' time. */
-#define RB_PROBE_REQUESTS 600.0
+#define RB_PROBE_REQUESTS 1200.0
 
 /*
  * rb_policy_resolve
