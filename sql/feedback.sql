@@ -342,6 +342,30 @@ SELECT outcome FROM ratebucket.bucket_observe('e:api', 429, NULL, NULL, clock_ti
 SELECT * FROM ratebucket.bucket_observe('e:api', 200, NULL, NULL, 'infinity');
 
 --
+-- A level that held (the last episode's return level, 0.5 here): a refusal
+-- of the climb above it once it held 10 s (5 % above it, 20 s after the
+-- return) returns to the level whole; one at the level itself (3 s after
+-- the return, the climb not 1 % above it yet) returns a little below it
+-- (0.88 of it, for 3 s held), with no dip.  The state is written by hand:
+-- a level that held 20 s would take 20 s to build.
+--
+SET ratebucket.recovery_interval = '60s';
+SET ratebucket.min_cooldown = 0;
+SELECT ratebucket.bucket_configure('lv:above', 100, 10), ratebucket.bucket_configure('lv:at', 100, 10);
+UPDATE ratebucket.buckets
+SET rate_factor = 0.5, target_factor = 0.5,
+    factor_at = clock_timestamp() - CASE endpoint WHEN 'lv:above' THEN interval '22 s' ELSE interval '5 s' END
+WHERE endpoint IN ('lv:above', 'lv:at');
+SELECT endpoint, effective_rate BETWEEN 52 AND 53 AS above_level, effective_rate BETWEEN 50 AND 50.5 AS at_level
+FROM ratebucket.bucket_status WHERE endpoint LIKE 'lv:%' ORDER BY endpoint;
+SELECT e AS endpoint, (ratebucket.bucket_observe(e, 429, '0', NULL, clock_timestamp())).outcome
+FROM unnest(ARRAY['lv:above', 'lv:at']) e;
+SELECT endpoint, round(rate_factor::numeric, 2) AS low, round(target_factor::numeric, 2) AS returns_to
+FROM ratebucket.buckets WHERE endpoint LIKE 'lv:%' ORDER BY endpoint;
+RESET ratebucket.recovery_interval;
+RESET ratebucket.min_cooldown;
+
+--
 -- What a destination publishes: RateLimit-Policy q;w is q/w per second and
 -- bursts of q, a ceiling for the rate and the capacity until it publishes
 -- another; a remaining count caps the tokens held.
