@@ -181,7 +181,10 @@ $$;
 --    that comes due and finds no token for it (the rate lowered by feedback
 --    since it was parked, a token taken by a newer event, a worker late by
 --    more than the bucket's capacity) is parked again like any due event:
---    after the endpoint's last parked one.
+--    after the endpoint's last parked one, or at its next token once that
+--    one has come due (it may be the event itself: a take late by a few
+--    milliseconds puts the next token off by as much, and a bucket of one
+--    would otherwise lose a whole token for each).
 --    Attempts do not change.  (Locked with SKIP LOCKED, never waited for,
 --    never claimed.)
 --    How many, per endpoint: per_endpoint times the walk's endpoints over
@@ -439,17 +442,19 @@ BEGIN
           ON r.endpoint = p.endpoint
         ON CONFLICT (endpoint) DO UPDATE
         -- After the events parked before, one token after the last (or from
-        -- the next token, if later), the events still parked ahead counted
-        -- at the rate in force now: when the rate rose since they were
-        -- parked (a recovery from feedback), the new ones follow at the new
-        -- pace, not behind events spaced at the old one.  A rate more than
-        -- half as fast again (a reconfiguration) starts from the next token.
+        -- the next token, if later; from the next token once the last has come
+        -- due: it may be the very event parked again, refused the token that a
+        -- late take before it put off), the events still parked ahead counted
+        -- at the rate in force now: when the rate rose since they were parked
+        -- (a recovery from feedback), the new ones follow at the new pace, not
+        -- behind events spaced at the old one.  A rate more than half as fast
+        -- again (a reconfiguration) starts from the next token.
         SET parked_from = CASE
                 WHEN excluded.rate > 0 AND excluded.rate <= 1.5 * c.rate THEN
                     least(greatest(excluded.parked_from,
                                    now() + make_interval(secs => least(
-                                       (greatest(extract(epoch FROM c.parked_until - now()), 0)
-                                            * c.rate + 1) / excluded.rate,
+                                       (greatest(extract(epoch FROM c.parked_until - now()), 0) * c.rate
+                                        + CASE WHEN c.parked_until > now() THEN 1 ELSE 0 END) / excluded.rate,
                                        366 * 86400.0))),
                           now() + interval '366 days')
                 ELSE excluded.parked_from END,
@@ -457,8 +462,9 @@ BEGIN
                 WHEN excluded.rate > 0 AND excluded.rate <= 1.5 * c.rate THEN
                     least(greatest(excluded.parked_until,
                                    now() + make_interval(secs => least(
-                                       (greatest(extract(epoch FROM c.parked_until - now()), 0)
-                                            * c.rate + excluded.parked) / excluded.rate,
+                                       (greatest(extract(epoch FROM c.parked_until - now()), 0) * c.rate
+                                        + CASE WHEN c.parked_until > now() THEN 1 ELSE 0 END
+                                        + excluded.parked - 1) / excluded.rate,
                                        366 * 86400.0))),
                           now() + interval '366 days')
                 ELSE excluded.parked_until END,
