@@ -36,7 +36,7 @@
 #      of that phase's requests, and from then to the next change (or the
 #      end) at least 0.8 x that phase's limit delivered per second, a
 #      stretch of at least 3 s (DEMO_SCALE does not shorten a phase below
-#      14 s, so it is measured);
+#      20 s, so it is measured over 10 s);
 #  11. the unreachable destination tripped its breaker, then got everything;
 #  12. two endpoints sharing an account's rate (their events' limits): their
 #      arrivals together, over any window T, within the account's
