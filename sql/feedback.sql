@@ -85,9 +85,9 @@ FROM ratebucket.bucket_status WHERE endpoint = 'f:halve';
 -- Recovery, computed from time: held during the cooldown, then a concave
 -- return within return_time (2 s) to return_fraction (0.85) of the rate the
 -- 429's request was sent at (100/s), then a convex climb across the gap to
--- the configured rate, all of it over recovery_interval (15 s; 600
--- requests at 100/s take longer, 6 s), never above the configured rate.  At explicit
--- times:
+-- the configured rate, all of it over recovery_interval (20 s; the 1200
+-- requests that take at least as long take 12 s at 100/s), never above the
+-- configured rate.  At explicit times:
 SELECT b.cooldown_until AS cd FROM ratebucket.buckets b WHERE endpoint = 'f:api' \gset
 SELECT d.label, round(n.effective_rate::numeric, 3) AS effective_rate,
 	   n.at_floor_since IS NOT NULL AS at_floor, round(n.cooldown_seconds::numeric, 3) AS cooldown

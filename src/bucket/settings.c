@@ -24,7 +24,7 @@ RbSettings	rb_settings = {
 	.return_fraction = 0.85,
 	.return_time_ms = 2000,
 	.recovery_factor = 2.0,
-	.recovery_interval_s = 15,
+	.recovery_interval_s = 20,
 	.default_cooldown_ms = 1000,
 	.min_cooldown_ms = 1000,
 	.max_cooldown_ms = 3600 * 1000,
@@ -60,7 +60,7 @@ rb_settings_init(void)
 							 PGC_SUSET, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("ratebucket.recovery_interval",
 							"Time over which the effective rate grows by recovery_factor above its return level.",
-							NULL, &rb_settings.recovery_interval_s, 15, 1, 86400,
+							NULL, &rb_settings.recovery_interval_s, 20, 1, 86400,
 							PGC_SUSET, GUC_UNIT_S, NULL, NULL, NULL);
 	DefineCustomIntVariable("ratebucket.default_cooldown",
 							"Cooldown after a 429 that carries no usable Retry-After or rate-limit reset.",
