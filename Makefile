@@ -1,6 +1,10 @@
-# ratebucket: PGXS build.  The version is written only in ratebucket.control.
-EXTENSION = ratebucket
-EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(EXTENSION).control)
+# ratebucket: PGXS build of two extensions, each version written only in its
+# control file: ratebucket (the buckets, a C module) and ratebucket_queue (a
+# delivery queue on them, SQL only).
+EXTENSION = ratebucket ratebucket_queue
+control_version = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(1).control)
+EXTVERSION = $(call control_version,ratebucket)
+QUEUE_VERSION = $(call control_version,ratebucket_queue)
 
 MODULE_big = ratebucket
 # The layers of src/, each calling only the ones listed before it:
@@ -13,12 +17,16 @@ API_OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/api/*.c)))
 OBJS = $(CORE_OBJS) $(BUCKET_OBJS) $(ENGINE_OBJS) $(API_OBJS) \
 	src/ratebucket.o
 
-# SQL: sql/install/$(EXTENSION).sql is the current surface, built into the
+# SQL: sql/install/ratebucket.sql is the current surface, built into the
 # install script of the current version.  The released scripts are shipped as
 # they are: 1.0's install script (the upgrade test starts there) and every
-# update, sql/updates/$(EXTENSION)--<from>--<to>.sql.
-DATA_built = sql/install/$(EXTENSION)--$(EXTVERSION).sql
-DATA = sql/install/$(EXTENSION)--1.0.sql $(wildcard sql/updates/$(EXTENSION)--*--*.sql)
+# update, sql/updates/ratebucket--<from>--<to>.sql.
+# The same for ratebucket_queue: sql/install/ratebucket_queue.sql is its
+# current surface (1.0 is its first release).
+DATA_built = sql/install/ratebucket--$(EXTVERSION).sql \
+	sql/install/ratebucket_queue--$(QUEUE_VERSION).sql
+DATA = sql/install/ratebucket--1.0.sql $(wildcard sql/updates/ratebucket--*--*.sql) \
+	$(wildcard sql/updates/ratebucket_queue--*--*.sql)
 
 # pg_regress: every sql/*.sql, outputs in expected/.  Each file installs the
 # extension afresh and cleans up after itself, so any order passes (test/run
@@ -29,7 +37,7 @@ REGRESS_OPTS = --inputdir=.
 # Isolation specs: test/isolation/specs/*.spec, outputs in
 # test/isolation/expected/.
 ISOLATION = $(patsubst test/isolation/specs/%.spec,%,$(sort $(wildcard test/isolation/specs/*.spec)))
-ISOLATION_OPTS = --inputdir=test/isolation --load-extension=$(EXTENSION)
+ISOLATION_OPTS = --inputdir=test/isolation --load-extension=ratebucket
 
 # TAP tests (need libipc-run-perl): test/t/*.pl, with their shared helpers
 # in test/perl/.
@@ -52,5 +60,7 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 # The install script of the current version is a copy of the current surface.
-sql/install/$(EXTENSION)--$(EXTVERSION).sql: sql/install/$(EXTENSION).sql
+sql/install/ratebucket--$(EXTVERSION).sql: sql/install/ratebucket.sql
+	cp $< $@
+sql/install/ratebucket_queue--$(QUEUE_VERSION).sql: sql/install/ratebucket_queue.sql
 	cp $< $@

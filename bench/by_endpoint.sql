@@ -3,13 +3,13 @@
 -- The question it answers: can a claim that reads a row per endpoint (the
 -- highest priority and the earliest due time of its pending events, and when
 -- its tokens come back) instead of the events reach the issue's first goal, (b) >= 0.8 x a plain
--- SKIP LOCKED claim, where demo/queue.sql's claim_events, which walks the
+-- SKIP LOCKED claim, where ratebucket_queue's claim_events, which walks the
 -- events and parks the throttled ones, does not?  A throttled endpoint costs
 -- one write of its row here, none per event; the producers pay instead, by
 -- keeping the rows up to date (the triggers below), and bench/run-claim
 -- measures that too.
 --
--- Loaded after demo/queue.sql, on the same webhook_events.  What it leaves
+-- Loaded after CREATE EXTENSION ratebucket_queue, on the same webhook_events.  What it leaves
 -- out, so that none of it is used for real: events with limits or an
 -- in-flight cap (never locked here), endpoints without a configuration
 -- (bucket_take_batch refuses them, the claim fails), the set-aside step,
@@ -21,7 +21,7 @@
 -- them across statements), and the order across endpoints is approximate
 -- (an endpoint sorts by its highest priority and its earliest due time,
 -- which may belong to different events).
--- What taking it into demo/queue.sql would involve is in bench/README.md
+-- What taking it into ratebucket_queue would involve is in bench/README.md
 -- ("What would change it", 6).
 
 -- One row per endpoint that has, or had, pending events: priority, the

@@ -7,7 +7,7 @@
  *   plain       one statement per claim, no limiter at all (the floor):
  *                 UPDATE webhook_events ... WHERE id IN (SELECT ... LIMIT $batch
  *                 FOR UPDATE SKIP LOCKED) RETURNING id, endpoint
- *   ratebucket  one statement per claim, demo/queue.sql's claim:
+ *   ratebucket  one statement per claim, ratebucket_queue's claim:
  *                 SELECT id, endpoint FROM claim_events($endpoints * $per_endpoint, $per_endpoint)
  *   redis       a plain claim followed by a per-event check against the Redis
  *               Lua token bucket (bench/token_bucket.lua), in one transaction:

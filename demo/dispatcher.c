@@ -3,7 +3,7 @@
  * PostgreSQL queue, rate-limited per destination by ratebucket.
  *
  * A C program to read and copy.  It runs the README's worker recipe against
- * the queue of demo/queue.sql (webhook_events, claim_events, record_delivery,
+ * the queue of ratebucket_queue (webhook_events, claim_events, record_delivery,
  * next_due, requeue_expired, events_left).  Several workers run at once,
  * each a thread with its own PostgreSQL connection (libpq) and its own HTTP
  * client (a libcurl multi handle), each running this loop:
@@ -120,7 +120,7 @@
 #define MAX_BATCH 10000         /* --batch */
 #define MAX_HEADER_VALUE 4096   /* longer captured header values are cut */
 #define MAX_OUTCOMES 16         /* distinct record_delivery outcomes counted */
-#define CHANNEL "webhook_events"    /* queue.sql's trigger NOTIFYs this */
+#define CHANNEL "webhook_events"    /* ratebucket_queue's trigger NOTIFYs this */
 #define USER_AGENT "ratebucket-dispatcher/1.0"
 
 /*
@@ -1703,7 +1703,7 @@ usage(FILE *f)
             "usage: dispatcher --dsn DSN [--workers 4] [--batch 80]\n"
             "                  [--per-endpoint 10] [--lease-seconds 30] [--timeout-ms 5000]\n"
             "                  [--until-empty] [--max-seconds N] [--quiet]\n"
-            "Delivers the events of webhook_events (demo/queue.sql) over HTTP.\n");
+            "Delivers the events of webhook_events (ratebucket_queue) over HTTP.\n");
 }
 
 static int

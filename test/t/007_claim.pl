@@ -1,4 +1,4 @@
-# 007_claim.pl — the claim path of demo/queue.sql, the recipe doc/claim.md
+# 007_claim.pl — the claim path of ratebucket_queue, the recipe doc/claim.md
 # documents and the dispatcher runs, over the real extension.
 #
 # Each property of a rate-limited claim gets a check that can fail:
@@ -70,7 +70,7 @@ use lib 'test/perl';
 use RatebucketTest;
 
 my $node = start_node('claim', conf => "max_connections = 40\n");
-$node->safe_psql('postgres', slurp_file('demo/queue.sql'));
+$node->safe_psql('postgres', 'CREATE EXTENSION ratebucket_queue');
 
 # A rate so low that nothing refills while a check runs.
 my $still = '0.000001';
@@ -729,13 +729,13 @@ $node->stop;
 
 # doc/claim.md shows claim_events' statement: it must be the one tested here.
 {
-	my $queue = slurp_file('demo/queue.sql');
+	my $queue = slurp_file('sql/install/ratebucket_queue.sql');
 	my $doc = slurp_file('doc/claim.md');
 	my ($code) = $queue =~ /^(    WITH head AS MATERIALIZED \(.*?\n    RETURNING e\.id[^\n]*;)$/ms;
 	my ($shown) = $doc =~ /^(WITH head AS MATERIALIZED \(.*?)^```/ms;
-	ok(defined $code && defined $shown, 'the claim statement is found in demo/queue.sql and doc/claim.md');
+	ok(defined $code && defined $shown, 'the claim statement is found in sql/install/ratebucket_queue.sql and doc/claim.md');
 	$code =~ s/^    //mg if defined $code;
 	is($shown, (defined $code ? "$code\n" : undef),
-		"doc/claim.md's copy of claim_events' statement is demo/queue.sql's");
+		"doc/claim.md's copy of claim_events' statement is ratebucket_queue's");
 }
 done_testing();

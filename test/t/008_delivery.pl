@@ -6,7 +6,7 @@
 # HTTP-date, as RateLimit headers, or with no header at all, a limit that
 # halves and comes back during the run, a pacer with no burst; besides, 5xx,
 # an endpoint unreachable for 10 s, a slow one), the reference dispatcher
-# (demo/dispatcher.c, 8 workers) delivering the queue of demo/queue.sql until
+# (demo/dispatcher.c, 8 workers) delivering the queue of ratebucket_queue until
 # it is empty.  The assertions come from the simulator's own log of every
 # request it received, loaded into sim_requests, and from ratebucket's
 # buckets, and are computed by demo/report.sql (the same checks the demo

@@ -1,4 +1,4 @@
-# 012_claim_limits.pl — claim_events (demo/queue.sql) honours every limit
+# 012_claim_limits.pl — claim_events (ratebucket_queue) honours every limit
 # of its events: besides its endpoint, an event may name other buckets in
 # "limits" (an account's rate, a calendar quota) and an in-flight cap in
 # "inflight_key".  The claim filters on them before locking
@@ -74,7 +74,7 @@ use lib 'test/perl';
 use RatebucketTest;
 
 my $node = start_node('claim_limits', conf => "max_connections = 40\n");
-$node->safe_psql('postgres', slurp_file('demo/queue.sql'));
+$node->safe_psql('postgres', 'CREATE EXTENSION ratebucket_queue');
 
 # A rate so low that nothing refills while a check runs (a token in 11.6 days).
 my $still = '0.000001';

@@ -1,8 +1,7 @@
--- demo/queue.sql: a delivery queue and its rate-limited claim, on ratebucket.
---
--- This is the recipe the README describes, as code you can copy: the demo,
--- the reference dispatcher (demo/dispatcher.c), the tests and the benchmark
--- all load this file.  It creates, in the current schema:
+-- ratebucket_queue: a delivery queue and its rate-limited claim, on
+-- ratebucket.  The current surface: the install script of the current
+-- version is a copy of this file (Makefile).  CREATE EXTENSION
+-- ratebucket_queue [SCHEMA s] creates, in the schema chosen then:
 --
 --   webhook_events          the queue: one row per event to deliver
 --   webhook_parking         where each throttled endpoint's parked events end
@@ -16,7 +15,9 @@
 --                           forget old parking cursors)
 --   events_left(...)        events pending or in flight
 --
--- Needs the ratebucket extension, and each endpoint configured with
+-- Every function runs with search_path = pg_catalog, the extension's schema,
+-- pg_temp, whatever the caller's; ratebucket's functions are called by their
+-- schema-qualified names.  Each endpoint is configured with
 -- ratebucket.bucket_configure before its events are claimed (and each bucket
 -- an event names in "limits", and its in-flight cap).  Here the endpoint is
 -- the destination's URL; key it however your buckets are keyed.
@@ -29,6 +30,8 @@
 --
 -- "attempts" counts requests that actually left.  A claim refused a token
 -- does not touch it; a request that never connected does not count.
+
+\echo Use "CREATE EXTENSION ratebucket_queue" to load this file. \quit
 
 CREATE TABLE webhook_events (
     id              bigserial PRIMARY KEY,
@@ -76,9 +79,17 @@ CREATE TABLE webhook_parking (
     parked       bigint NOT NULL        -- how many the last chunk held
 );
 
+-- The queue's rows are the user's data: pg_dump dumps them (and the id
+-- sequence's position) with the extension's objects.
+SELECT pg_catalog.pg_extension_config_dump('webhook_events', '');
+SELECT pg_catalog.pg_extension_config_dump('webhook_events_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('webhook_parking', '');
+
 -- Sleeping workers wake up when events arrive (LISTEN webhook_events).
 CREATE FUNCTION webhook_events_notify() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
 BEGIN
     NOTIFY webhook_events;
     RETURN NULL;
@@ -97,6 +108,7 @@ CREATE TRIGGER webhook_events_notify
 CREATE FUNCTION claim_bucket_info(keys text[])
 RETURNS TABLE (key text, effective_rate float8, striped boolean)
 LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 BEGIN
     IF cardinality(keys) > 0 THEN
@@ -114,6 +126,7 @@ $$;
 -- again at every claim.)
 CREATE FUNCTION claim_cap_free(cap_key text) RETURNS int
 LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 BEGIN
     RETURN (SELECT greatest(s.cap - s.in_flight, 0)::int
@@ -240,6 +253,7 @@ CREATE FUNCTION claim_events(
     unclaimable_wait float8 DEFAULT 5)
 RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb, lease_until timestamptz)
 LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
 -- Planned for any LIMIT, the statement's cost estimate is huge although it
 -- runs in milliseconds: never let JIT compile it.
 SET jit = off
@@ -570,6 +584,7 @@ $$;
 -- most 30 s.  (A 429's cooldown comes from the destination instead.)
 CREATE FUNCTION retry_backoff(attempts int) RETURNS float8
 LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$ SELECT least(30.0, 0.5 * 2 ^ least(greatest(attempts - 1, 0), 10)) $$;
 
 -- record_delivery: what came back for one claimed event.  Call it for every
@@ -612,6 +627,7 @@ CREATE FUNCTION record_delivery(
     sent_at timestamptz DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 DECLARE
     ev       webhook_events;
@@ -675,6 +691,7 @@ END $$;
 -- when outcomes are recorded.)
 CREATE FUNCTION next_due() RETURNS float8
 LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 SELECT greatest(0.0, min(greatest(
            extract(epoch FROM p.due - clock_timestamp())::float8,
@@ -693,6 +710,7 @@ $$;
 -- delivered twice (at least once).
 CREATE FUNCTION requeue_expired() RETURNS bigint
 LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 WITH expired AS MATERIALIZED (   -- in id order, as a batch's record locks them
     SELECT id, inflight_key, slot FROM webhook_events
@@ -724,6 +742,7 @@ $$;
 -- not left for that run.
 CREATE FUNCTION events_left(before timestamptz DEFAULT NULL) RETURNS bigint
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 SELECT count(*) FROM webhook_events
 WHERE status = 'sending'
