@@ -738,4 +738,16 @@ $node->stop;
 	is($shown, (defined $code ? "$code\n" : undef),
 		"doc/claim.md's copy of claim_events' statement is ratebucket_queue's");
 }
+# doc/claim.md's claim for a queue table of your own is the statement the
+# isolation spec own-queue-claim.spec runs.
+{
+	my $spec = slurp_file('test/isolation/specs/own-queue-claim.spec');
+	my $doc = slurp_file('doc/claim.md');
+	my ($code) = $spec =~ /^-- own-queue claim: begin\n(.*?)^-- own-queue claim: end$/ms;
+	my ($section) = $doc =~ /^## Your own queue table\n(.*?)^## /ms;
+	my ($shown) = defined $section ? $section =~ /^```sql\n(.*?)^```$/ms : ();
+	ok(defined $code && defined $shown,
+		'the own-queue claim is found in own-queue-claim.spec and doc/claim.md');
+	is($shown, $code, "doc/claim.md's own-queue claim is the one own-queue-claim.spec tests");
+}
 done_testing();
