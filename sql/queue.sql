@@ -50,6 +50,49 @@ SELECT outbox.record_delivery(id, 200, NULL, NULL, true, claimed_lease => lease_
 FROM outbox.webhook_events WHERE status = 'sending' ORDER BY id;
 SELECT status, attempts, last_status FROM outbox.webhook_events ORDER BY id;
 SELECT outbox.events_left(), outbox.requeue_expired();
+
+-- Why is this event waiting?  One event held by each thing that can hold
+-- one, and what explain_event says of it.
+SELECT ratebucket.bucket_configure(k, 100, 10)
+FROM unnest(ARRAY['x:due', 'x:cool', 'x:paused']) k;
+SELECT ratebucket.bucket_configure('x:empty', 0.001, 1);
+SELECT ratebucket.bucket_configure('x:broken', 100, 10, breaker_failures => 1);
+SELECT ratebucket.bucket_configure_quota('x:quota', 1, 'day');
+SELECT ratebucket.inflight_configure('cap:one', 1);
+SELECT (ratebucket.bucket_take('x:empty')).allowed, (ratebucket.bucket_take('x:quota')).allowed;
+SELECT (ratebucket.bucket_observe('x:cool', 429, '60')).outcome,
+       (ratebucket.bucket_observe('x:broken', 500)).breaker,
+       ratebucket.bucket_pause('x:paused', '1 hour'),
+       cardinality(ratebucket.inflight_acquire('cap:one'));
+TRUNCATE outbox.webhook_events;
+INSERT INTO outbox.webhook_events (id, endpoint, limits, inflight_key, next_attempt_at, status, lease_until) VALUES
+  (1, 'x:due', '{}', NULL, now(), 'pending', NULL),
+  (2, 'x:none', '{}', NULL, now(), 'pending', NULL),
+  (3, 'x:empty', '{}', NULL, now(), 'pending', NULL),
+  (4, 'x:cool', '{}', NULL, now(), 'pending', NULL),
+  (5, 'x:broken', '{}', NULL, now(), 'pending', NULL),
+  (6, 'x:paused', '{}', NULL, now(), 'pending', NULL),
+  (7, 'x:due', '{x:quota}', NULL, now(), 'pending', NULL),
+  (8, 'x:due', '{}', 'cap:one', now(), 'pending', NULL),
+  (9, 'x:due', '{}', NULL, now() + interval '1 hour', 'pending', NULL),
+  (10, 'x:due', '{}', NULL, now(), 'sending', now() + interval '30 s'),
+  (11, 'x:due', '{x:none,x:empty}', 'cap:none', now() + interval '1 hour', 'pending', NULL);
+INSERT INTO outbox.webhook_events (id, endpoint, status, attempts, last_status)
+VALUES (12, 'x:due', 'delivered', 1, 200);
+SELECT e.id, x.reason, x.key,
+       round(extract(epoch FROM x.until - clock_timestamp()) / 10) * 10 AS lets_go_in_s,   -- (to 10 s)
+       x.until > clock_timestamp() AS later, x.detail
+FROM outbox.webhook_events e, outbox.explain_event(e.id) x
+WHERE e.id <> 7
+ORDER BY e.id, x.reason, x.key;
+-- the quota's reset is at midnight UTC: a time the output cannot show
+SELECT x.reason, x.key, x.until = (SELECT quota_resets_at FROM ratebucket.bucket_status
+                                   WHERE endpoint = 'x:quota') AS at_its_reset
+FROM outbox.explain_event(7) x;
+-- the view, for one endpoint: its events pending or in flight, and why
+SELECT event_id, reason, key FROM outbox.event_waits WHERE endpoint = 'x:due' ORDER BY 1, 2, 3;
+SELECT * FROM outbox.explain_event(99);
+SELECT * FROM outbox.explain_event(NULL);
 RESET search_path;
 
 -- ratebucket cannot go while the queue needs it.

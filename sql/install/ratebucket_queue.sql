@@ -14,6 +14,8 @@
 --   requeue_expired()       give back the events of workers that died (and
 --                           forget old parking cursors)
 --   events_left(...)        events pending or in flight
+--   explain_event(id)       why an event waits, and until when
+--   event_waits             the same for every event pending or in flight
 --
 -- Every function runs with search_path = pg_catalog, the extension's schema,
 -- pg_temp, whatever the caller's; ratebucket's functions are called by their
@@ -748,3 +750,131 @@ SELECT count(*) FROM webhook_events
 WHERE status = 'sending'
    OR (status = 'pending' AND (before IS NULL OR next_attempt_at < before))
 $$;
+
+-- explain_event: why an event is not being sent, one row per thing that
+-- holds it, each with when it lets go (NULL: not known, or never by
+-- itself), and what to do; one row 'due' when nothing does.  For each
+-- bucket the event takes from (its endpoint, then its limits): 'not
+-- configured' (the claim leaves it alone), 'paused', 'breaker open',
+-- 'cooldown', 'quota spent', 'no tokens'; then its in-flight cap ('cap
+-- full'); then its own time ('not due': parked until its token comes, or
+-- waiting out a retry's backoff).  An event in flight is 'leased' (until
+-- its lease ends), a finished one 'delivered' or 'failed'.  The figures
+-- are ratebucket's at the moment of the call (bucket_status, inflight_status,
+-- and buckets for the end of a pause): the caller needs to read them.
+CREATE FUNCTION explain_event(event_id bigint)
+RETURNS TABLE (reason text, key text, until timestamptz, detail text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+DECLARE
+    e webhook_events;
+    b record;
+    c record;
+    k text;
+    now_ timestamptz := clock_timestamp();
+    held boolean := false;
+BEGIN
+    IF event_id IS NULL THEN
+        RAISE EXCEPTION 'event_id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO e FROM webhook_events w WHERE w.id = event_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no event % in webhook_events', event_id USING ERRCODE = 'no_data_found';
+    END IF;
+    IF e.status IN ('delivered', 'failed') THEN
+        RETURN QUERY SELECT e.status, NULL::text, NULL::timestamptz,
+            format('finished after %s attempt(s), last status %s', e.attempts,
+                   coalesce(e.last_status::text, 'none'));
+        RETURN;
+    END IF;
+    IF e.status = 'sending' THEN
+        RETURN QUERY SELECT 'leased'::text, NULL::text, e.lease_until,
+            'claimed by a worker: in flight until it records the outcome, or back in the queue '
+            'once the lease ends (requeue_expired)'::text;
+        RETURN;
+    END IF;
+
+    -- its buckets, each once, in the order the event names them
+    FOR k IN SELECT t.u FROM unnest(ARRAY[e.endpoint] || e.limits) WITH ORDINALITY t(u, o)
+             GROUP BY t.u ORDER BY min(t.o) LOOP
+        SELECT s.configured, s.paused, s.breaker, s.breaker_seconds, s.cooldown_seconds,
+               s.tokens, s.effective_rate, s.quota, s.quota_remaining, s.quota_resets_at,
+               p.paused_until
+        INTO b
+        FROM ratebucket.bucket_status s
+        LEFT JOIN ratebucket.buckets p ON p.endpoint = s.endpoint
+        WHERE s.endpoint = k;
+        IF NOT FOUND OR NOT b.configured THEN
+            held := true;
+            RETURN QUERY SELECT 'not configured'::text, k, NULL::timestamptz,
+                'no limits stored for it: the claim leaves the event alone until '
+                'ratebucket.bucket_configure sets them'::text;
+            CONTINUE;
+        END IF;
+        IF b.paused THEN
+            held := true;
+            RETURN QUERY SELECT 'paused'::text, k,
+                CASE WHEN b.paused_until < 'infinity' THEN b.paused_until END,
+                'paused by ratebucket.bucket_pause: ratebucket.bucket_resume ends it'::text;
+        ELSIF b.breaker = 'open' THEN
+            held := true;
+            RETURN QUERY SELECT 'breaker open'::text, k,
+                now_ + make_interval(secs => b.breaker_seconds),
+                'its circuit breaker opened on failures; half-open then: one probe goes'::text;
+        ELSIF b.cooldown_seconds > 0 THEN
+            held := true;
+            RETURN QUERY SELECT 'cooldown'::text, k,
+                now_ + make_interval(secs => b.cooldown_seconds),
+                'the destination asked for a pause (a 429 or a 503 with Retry-After)'::text;
+        ELSIF b.quota IS NOT NULL AND b.quota_remaining < 1 THEN
+            held := true;
+            RETURN QUERY SELECT 'quota spent'::text, k, b.quota_resets_at,
+                format('its quota of %s is used up until it resets', b.quota);
+        ELSIF b.quota IS NULL AND b.tokens < 1 THEN
+            held := true;
+            RETURN QUERY SELECT 'no tokens'::text, k,
+                CASE WHEN b.effective_rate > 0
+                     THEN now_ + make_interval(secs => (1 - b.tokens) / b.effective_rate) END,
+                format('%s tokens now, refilling at %s/s', round(b.tokens::numeric, 3),
+                       round(b.effective_rate::numeric, 3));
+        END IF;
+    END LOOP;
+
+    IF e.inflight_key IS NOT NULL THEN
+        SELECT i.cap, i.in_flight, i.oldest, i.lease INTO c
+        FROM ratebucket.inflight_status i WHERE i.key = e.inflight_key;
+        IF NOT FOUND THEN
+            held := true;
+            RETURN QUERY SELECT 'not configured'::text, e.inflight_key, NULL::timestamptz,
+                'no in-flight cap stored for it: the claim leaves the event alone until '
+                'ratebucket.inflight_configure sets it'::text;
+        ELSIF c.in_flight >= c.cap THEN
+            held := true;
+            RETURN QUERY SELECT 'cap full'::text, e.inflight_key, c.oldest + c.lease,
+                format('%s of %s slots in flight: one frees when its outcome is recorded, '
+                       'or at the latest when the oldest lease ends', c.in_flight, c.cap);
+        END IF;
+    END IF;
+
+    IF e.next_attempt_at > now_ THEN
+        held := true;
+        RETURN QUERY SELECT 'not due'::text, NULL::text, e.next_attempt_at,
+            CASE WHEN e.attempts > 0
+                 THEN format('waiting out the backoff after attempt %s', e.attempts)
+                 ELSE 'parked until its token comes, or enqueued for then' END;
+    END IF;
+    IF NOT held THEN
+        RETURN QUERY SELECT 'due'::text, NULL::text, now_,
+            'nothing holds it: the next claim that reaches it sends it'::text;
+    END IF;
+END $$;
+
+-- event_waits: explain_event for every event pending or in flight.  Filter
+-- it (WHERE endpoint = ..., or event_id = ...): over a whole backlog it
+-- calls explain_event once per event.
+CREATE VIEW event_waits AS
+SELECT e.id AS event_id, e.endpoint, x.reason, x.key, x.until, x.detail
+FROM webhook_events e
+CROSS JOIN LATERAL explain_event(e.id) x
+WHERE e.status IN ('pending', 'sending');
