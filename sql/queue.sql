@@ -26,6 +26,15 @@ FROM pg_depend d
 WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
   AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'ratebucket_queue')
 ORDER BY 1;
+-- Every table, view and function a user calls is described.
+SELECT c.relname AS undescribed FROM pg_class c
+WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'v')
+  AND obj_description(c.oid, 'pg_class') IS NULL
+UNION ALL
+SELECT p.proname FROM pg_proc p
+WHERE p.pronamespace = 'outbox'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL
+  AND p.proname NOT IN ('claim_bucket_info', 'claim_cap_free', 'retry_backoff', 'webhook_events_notify')
+ORDER BY 1;
 -- What pg_dump dumps with the extension: the queue, its id sequence, the
 -- parking cursors.
 SELECT c::regclass AS dumped

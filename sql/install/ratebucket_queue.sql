@@ -878,3 +878,22 @@ SELECT e.id AS event_id, e.endpoint, x.reason, x.key, x.until, x.detail
 FROM webhook_events e
 CROSS JOIN LATERAL explain_event(e.id) x
 WHERE e.status IN ('pending', 'sending');
+
+COMMENT ON TABLE webhook_events IS
+'The delivery queue: one row per event to send to its endpoint (a ratebucket bucket key), with its priority, state (pending, sending, delivered, failed), next attempt time, attempts made, other buckets it takes tokens from (limits) and in-flight cap.';
+COMMENT ON TABLE webhook_parking IS
+'Per throttled endpoint, where its parked events end and at what pace (claim_events parks the next ones after them).';
+COMMENT ON FUNCTION claim_events(int, int, interval, float8, int, float8, float8) IS
+'Claim up to batch due events, at most per_endpoint of each endpoint, only those whose endpoint and limits have tokens (and cap a slot): tokens and slots are spent only on the events returned, each leased until lease_until. Events of endpoints without tokens are parked until their tokens come. READ COMMITTED; call it alone in its transaction.';
+COMMENT ON FUNCTION record_delivery(bigint, int, text, jsonb, boolean, int, timestamptz, timestamptz) IS
+'Record the outcome of one claimed event (lock the batch''s events in id order first): the answer goes to ratebucket.bucket_observe; the event is delivered on 2xx, pending again after the cooldown or a backoff on 429, 503 with Retry-After or a failure, failed on another status or after max_attempts; its slot is freed. Returns the outcome, stale if the event is no longer this claim''s (pass claimed_lease), missing if it was deleted.';
+COMMENT ON FUNCTION next_due() IS
+'Seconds until a claim could find something (an event falls due, a bucket refills); NULL when nothing is pending.';
+COMMENT ON FUNCTION requeue_expired() IS
+'Put events whose lease ran out (their worker died) back in the queue, their attempt not counted, and free their slots; forget parking cursors an hour past. Returns the events requeued.';
+COMMENT ON FUNCTION events_left(timestamptz) IS
+'Events in flight, or pending and due before "before" (NULL: whenever).';
+COMMENT ON FUNCTION explain_event(bigint) IS
+'Why an event is not being sent: one row per thing that holds it (not configured, paused, breaker open, cooldown, quota spent, no tokens, cap full, not due, leased), with the key it concerns and when it lets go; one row due when nothing does.';
+COMMENT ON VIEW event_waits IS
+'explain_event for every event pending or in flight: filter it by endpoint or event_id.';
