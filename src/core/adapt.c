@@ -223,9 +223,10 @@ rb_burst_curve(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
  *		it further (a destination that takes less of a burst than of a
  *		rate: a pacer), and it grows back as the rate climbs; it never
  *		exceeds a burst the destination published (but the floor's share).
- *		Lowered, it is a whole number of tokens.  Never less than a take of "want" needs (at
- *		most the capacity itself), so that a take that fits the capacity
- *		always comes through in time, and never less than one token.
+ *		Lowered, it is a whole number of tokens.  Never less than a take of
+ *		"want" needs (at most the capacity itself), so that a take that fits
+ *		the capacity always comes through in time, and never less than one
+ *		token.
  */
 double
 rb_burst_fraction(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
@@ -402,6 +403,7 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 	double		target = at_send * policy->return_fraction;
 	int64_t		held_from = adapt->factor_at +
 		(int64_t) (policy->return_time * RB_USECS_PER_SEC);
+	bool		held = adapt->factor_at != RB_NO_TIME && sent >= held_from;
 	double		keep = RB_HELD_SHORT;
 
 	/*
@@ -411,16 +413,15 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 	 * that only held while the destination's burst hid an excess is left
 	 * in an episode or two).
 	 */
-	if (adapt->factor_at != RB_NO_TIME && sent >= held_from)
+	if (held)
 	{
-		double		held = ((double) sent - (double) held_from) / RB_USECS_PER_SEC;
+		double		seconds = ((double) sent - (double) held_from) / RB_USECS_PER_SEC;
 
 		keep += (RB_HELD_LONG - RB_HELD_SHORT) *
-			(held < RB_HELD_SECONDS ? held / RB_HELD_SECONDS : 1.0);
+			(seconds < RB_HELD_SECONDS ? seconds / RB_HELD_SECONDS : 1.0);
 	}
-	if (!isnan(adapt->target_factor) && adapt->factor_at != RB_NO_TIME &&
-		sent >= held_from && adapt->target_factor <= at_send &&
-		adapt->target_factor * keep > target)
+	if (held && !isnan(adapt->target_factor) &&
+		adapt->target_factor <= at_send && adapt->target_factor * keep > target)
 	{
 		/*
 		 * Refused at that very level, not above it (no climb yet): a
