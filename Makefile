@@ -22,10 +22,12 @@ OBJS = $(CORE_OBJS) $(BUCKET_OBJS) $(ENGINE_OBJS) $(API_OBJS) \
 # they are: 1.0's install script (the upgrade test starts there) and every
 # update, sql/updates/ratebucket--<from>--<to>.sql.
 # The same for ratebucket_queue: sql/install/ratebucket_queue.sql is its
-# current surface (1.0 is its first release).
+# current surface, its 1.0 install script and its updates are shipped as
+# they are.
 DATA_built = sql/install/ratebucket--$(EXTVERSION).sql \
 	sql/install/ratebucket_queue--$(QUEUE_VERSION).sql
 DATA = sql/install/ratebucket--1.0.sql $(wildcard sql/updates/ratebucket--*--*.sql) \
+	sql/install/ratebucket_queue--1.0.sql \
 	$(wildcard sql/updates/ratebucket_queue--*--*.sql)
 
 # pg_regress: every sql/*.sql, outputs in expected/.  Each file installs the

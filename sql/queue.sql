@@ -33,7 +33,8 @@ WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'v')
 UNION ALL
 SELECT p.proname FROM pg_proc p
 WHERE p.pronamespace = 'outbox'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL
-  AND p.proname NOT IN ('claim_bucket_info', 'claim_cap_free', 'retry_backoff', 'webhook_events_notify')
+  AND p.proname NOT IN ('claim_bucket_info', 'claim_cap_free', 'explain_keys', 'recheck_parked',
+                        'repace_parked', 'retry_backoff', 'webhook_events_notify')
 ORDER BY 1;
 -- What pg_dump dumps with the extension: the queue, its id sequence, the
 -- parking cursors.
@@ -102,6 +103,123 @@ FROM outbox.explain_event(7) x;
 SELECT event_id, reason, key FROM outbox.event_waits WHERE endpoint = 'x:due' ORDER BY 1, 2, 3;
 SELECT * FROM outbox.explain_event(99);
 SELECT * FROM outbox.explain_event(NULL);
+
+-- explain_endpoint: what holds an endpoint's best pending event, then its
+-- events: in flight, none due yet, due, or none at all.
+TRUNCATE outbox.webhook_events;
+INSERT INTO outbox.webhook_events (endpoint, next_attempt_at, status, lease_until) VALUES
+  ('x:paused', now(), 'pending', NULL),
+  ('x:due', now(), 'sending', now() + interval '30 s'),
+  ('x:due', now() + interval '1 hour', 'pending', NULL),
+  ('x:cool', now() - interval '1 s', 'pending', NULL),
+  ('x:none', now(), 'pending', NULL),
+  ('x:empty', now() - interval '1 s', 'pending', NULL),
+  ('x:empty', now(), 'pending', NULL);
+INSERT INTO outbox.webhook_events (endpoint, limits) VALUES ('x:limited', '{x:quota}');
+SELECT ratebucket.bucket_configure('x:limited', 100, 10);
+-- (a quota lets go at midnight UTC: shown as that)
+SELECT u.ep, x.reason, x.key,
+       CASE WHEN x.reason = 'quota spent'
+            THEN (x.until = (SELECT quota_resets_at FROM ratebucket.bucket_status
+                             WHERE endpoint = x.key))::text
+            ELSE (round(extract(epoch FROM x.until - clock_timestamp()) / 10) * 10)::text
+       END AS lets_go_in_s,
+       x.detail
+FROM unnest(ARRAY['x:paused', 'x:due', 'x:cool', 'x:none', 'x:empty', 'x:limited', 'x:nothing'])
+     WITH ORDINALITY AS u(ep, o)
+CROSS JOIN LATERAL outbox.explain_endpoint(u.ep) x
+ORDER BY u.o, x.reason;
+SELECT ratebucket.bucket_resume('x:paused');
+SELECT x.reason, x.detail FROM outbox.explain_endpoint('x:paused') x;
+SELECT * FROM outbox.explain_endpoint(NULL);
+
+-- Un-parking.  Events parked for a pause, a long cooldown or a slow rate
+-- come back at the pace their endpoint has now once it is resumed, reset
+-- or its rate raised, and those parked while a half-open breaker's probe
+-- is out once the probe's success closes it: the claims look again at
+-- cursors parked more than 2 s ahead about every second.  A retry's
+-- backoff is the event's own, and stays.
+TRUNCATE outbox.webhook_events;
+TRUNCATE outbox.webhook_parking;
+SELECT ratebucket.bucket_configure('u:paused', 10, 5), ratebucket.bucket_pause('u:paused');
+SELECT ratebucket.bucket_configure('u:cool', 10, 5);
+SELECT ratebucket.bucket_configure('u:slow', 0.01, 1);      -- a token each 100 s
+SELECT ratebucket.bucket_configure('u:backoff', 10, 5);
+-- u:cool: 5 events claimed; one answered 429 with an hour's Retry-After
+-- (it waits for its bucket: parked), the others delivered
+INSERT INTO outbox.webhook_events (endpoint) SELECT 'u:cool' FROM generate_series(1, 5);
+SELECT count(*) AS claimed FROM outbox.claim_events();
+SELECT r.outcome, count(*)
+FROM (SELECT outbox.record_delivery(e.id, CASE WHEN e.id = f.id THEN 429 ELSE 200 END,
+                                    CASE WHEN e.id = f.id THEN '3600' END,
+                                    claimed_lease => e.lease_until) AS outcome
+      FROM outbox.webhook_events e,
+           (SELECT min(id) AS id FROM outbox.webhook_events) f
+      WHERE e.status = 'sending' ORDER BY e.id) r
+GROUP BY 1 ORDER BY 1;
+SELECT parked, round(extract(epoch FROM next_attempt_at - now()) / 60) AS due_in_min
+FROM outbox.webhook_events WHERE status = 'pending';
+INSERT INTO outbox.webhook_events (endpoint)
+SELECT ep FROM unnest(ARRAY['u:paused', 'u:cool', 'u:slow']) ep, generate_series(1, 8);
+-- and a retry 30 s ahead after a failure: not parked
+INSERT INTO outbox.webhook_events (endpoint, attempts, last_status, next_attempt_at)
+VALUES ('u:backoff', 3, 500, now() + interval '30 s');
+-- the first claim sends u:slow's token and parks the rest of the others,
+-- the second parks u:slow's
+SELECT endpoint, count(*) AS claimed FROM outbox.claim_events() GROUP BY 1 ORDER BY 1;
+SELECT count(*) AS claimed FROM outbox.claim_events();
+SELECT endpoint, parked, count(*) AS events,
+       round(extract(epoch FROM min(next_attempt_at) - now())) AS first_in_s,
+       round(extract(epoch FROM max(next_attempt_at) - now())) AS last_in_s
+FROM outbox.webhook_events WHERE status = 'pending' GROUP BY 1, 2 ORDER BY 1, 2;
+SELECT endpoint, recheck_at IS NOT NULL AS rechecked FROM outbox.webhook_parking ORDER BY 1;
+-- Each one freed in its own way, u:slow now at 100/s.
+SELECT ratebucket.bucket_resume('u:paused'), ratebucket.bucket_reset('u:cool'),
+       ratebucket.bucket_configure('u:slow', 100, 10);
+-- A second later a claim brings them back and sends what has tokens now;
+-- the rest follow one token apart (10/s), none more than a second ahead.
+SELECT pg_sleep(1.1);
+SELECT endpoint, count(*) AS claimed FROM outbox.claim_events() GROUP BY 1 ORDER BY 1;
+SELECT endpoint, parked, count(*) AS events,
+       max(next_attempt_at) < now() + interval '1 s' AS within_a_second
+FROM outbox.webhook_events WHERE status = 'pending' GROUP BY 1, 2 ORDER BY 1, 2;
+-- Their cursors end where the events now do: no recheck needed.
+SELECT endpoint, recheck_at IS NOT NULL AS rechecked, parked_until < now() + interval '1 s' AS near
+FROM outbox.webhook_parking ORDER BY 1;
+
+-- A breaker: open for 4 s, then half-open; a claim sends the probe, the
+-- next parks the others until its outcome may come (4 s); the probe
+-- succeeds, the breaker closes, and a second later they come back.
+TRUNCATE outbox.webhook_events;
+TRUNCATE outbox.webhook_parking;
+SET ratebucket.breaker_open = '4s';
+SELECT ratebucket.bucket_configure('u:broken', 10, 5, breaker_failures => 1);
+SELECT (ratebucket.bucket_observe('u:broken', 500)).breaker;
+SELECT pg_sleep(4.1);
+INSERT INTO outbox.webhook_events (endpoint) SELECT 'u:broken' FROM generate_series(1, 6);
+SELECT count(*) AS claimed FROM outbox.claim_events();
+SELECT count(*) AS claimed FROM outbox.claim_events();
+SELECT parked, count(*) AS events,
+       min(next_attempt_at) > now() + interval '2 s' AS parked_2_s_ahead
+FROM outbox.webhook_events WHERE endpoint = 'u:broken' AND status = 'pending' GROUP BY 1;
+SELECT outbox.record_delivery(id, 200, claimed_lease => lease_until) AS probe
+FROM outbox.webhook_events WHERE endpoint = 'u:broken' AND status = 'sending';
+SELECT breaker FROM ratebucket.bucket_status WHERE endpoint = 'u:broken';
+SELECT pg_sleep(1.1);
+SELECT count(*) AS claimed FROM outbox.claim_events();
+RESET ratebucket.breaker_open;
+
+-- unpark, by hand: at once, without waiting for a claim's recheck.
+SELECT ratebucket.bucket_configure('u:manual', 10, 3), ratebucket.bucket_pause('u:manual');
+INSERT INTO outbox.webhook_events (endpoint) SELECT 'u:manual' FROM generate_series(1, 4);
+SELECT count(*) AS claimed FROM outbox.claim_events();
+SELECT ratebucket.bucket_resume('u:manual');
+SELECT outbox.unpark('u:manual') AS moved, outbox.unpark('u:backoff') AS moved_backoff,
+       outbox.unpark('u:nothing') AS moved_nothing;
+-- the bucket's 3 tokens: three due now, the fourth a token later
+SELECT round(extract(epoch FROM next_attempt_at - now()) * 10) / 10 AS due_in_s, count(*)
+FROM outbox.webhook_events WHERE endpoint = 'u:manual' GROUP BY 1 ORDER BY 1;
+SELECT outbox.unpark(NULL);
 RESET search_path;
 
 -- ratebucket cannot go while the queue needs it.

@@ -15,7 +15,10 @@
 --                           forget old parking cursors)
 --   events_left(...)        events pending or in flight
 --   explain_event(id)       why an event waits, and until when
---   event_waits             the same for every event pending or in flight
+--   explain_endpoint(ep)    the same for an endpoint's events
+--   event_waits             explain_event for every event pending or in flight
+--   unpark(ep)              bring an endpoint's parked events back at its pace
+--                           now (claims do it by themselves within a second)
 --
 -- Every function runs with search_path = pg_catalog, the extension's schema,
 -- pg_temp, whatever the caller's; ratebucket's functions are called by their
@@ -54,7 +57,12 @@ CREATE TABLE webhook_events (
                     -- each configured, none the endpoint itself
     inflight_key    text,               -- an in-flight cap (inflight_configure)
                     -- a send holds a slot of, from its claim to its outcome
-    slot            bigint              -- while sending: the slot it holds
+    slot            bigint,             -- while sending: the slot it holds
+    parked          boolean NOT NULL DEFAULT false
+                    -- pending, due when its buckets said they would have a
+                    -- token (claim_events parked it, or a 429 or a 503 put it
+                    -- off by its cooldown): brought back early if they have
+                    -- one sooner (unpark), unlike a retry's backoff
 );
 
 -- The queue order, to find the best due events.  Partial: only pending
@@ -78,8 +86,15 @@ CREATE TABLE webhook_parking (
     parked_from  timestamptz NOT NULL,  -- the due time of the last chunk's first
     parked_until timestamptz NOT NULL,  -- and of its last: where the next one goes
     rate         float8,                -- the pace they were parked at (NULL: none)
-    parked       bigint NOT NULL        -- how many the last chunk held
+    parked       bigint NOT NULL,       -- how many the last chunk held
+    limits       text[] NOT NULL DEFAULT '{}',  -- the limits of the last chunk's events
+    recheck_at   timestamptz            -- events parked more than 2 s ahead: when
+                                        -- a claim next asks whether their buckets
+                                        -- could send them sooner (unpark)
 );
+-- The cursors to look at again, soonest first.
+CREATE INDEX webhook_parking_recheck
+    ON webhook_parking (recheck_at) WHERE recheck_at IS NOT NULL;
 
 -- The queue's rows are the user's data: pg_dump dumps them (and the id
 -- sequence's position) with the extension's objects.
@@ -137,9 +152,165 @@ BEGIN
 END
 $$;
 
+-- repace_parked: bring an endpoint's events parked ahead (parked, pending,
+-- not due yet) back to when its buckets can send them now, in their order:
+-- the k-th (from 0) when its buckets will have k + 1 tokens, at the longest
+-- wait and the lowest effective rate among the endpoint and the limits its
+-- events were last parked with, never later than it was (an event comes
+-- sooner or stays: moved only if by more than a second).  At most
+-- max_events of them (NULL: all); only_if_sooner: only if its first parked
+-- event could go more than a second sooner than it is due, or the rate rose
+-- by more than half since they were parked.  Its cursor in webhook_parking then ends
+-- where they do.  The caller holds the endpoint's parking lock (the
+-- advisory lock claim_events takes to park it).  Returns how many moved.
+CREATE FUNCTION repace_parked(ep text, max_events int, only_if_sooner boolean)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+DECLARE
+    keys       text[] := ARRAY[ep];
+    old_rate   float8;
+    wait_now   float8;
+    rate_now   float8;
+    tokens_now float8;
+    first_at   timestamptz;
+    r          record;
+BEGIN
+    SELECT ARRAY[ep] || p.limits, p.rate INTO keys, old_rate
+    FROM webhook_parking p WHERE p.endpoint = ep;
+    IF NOT FOUND THEN
+        keys := ARRAY[ep];
+    END IF;
+    SELECT max(ratebucket.bucket_wait(k.key)) INTO wait_now FROM unnest(keys) AS k(key);
+    SELECT min(i.effective_rate) FILTER (WHERE i.effective_rate > 0) INTO rate_now
+    FROM claim_bucket_info(keys) i;
+    SELECT greatest(min(s.tokens), 0) INTO tokens_now
+    FROM ratebucket.bucket_status s
+    WHERE s.endpoint = ANY (keys) AND s.quota IS NULL;
+    wait_now := least(coalesce(wait_now, 0), 366 * 86400.0);
+
+    IF only_if_sooner THEN
+        SELECT e.next_attempt_at INTO first_at
+        FROM webhook_events e
+        WHERE e.endpoint = ep AND e.status = 'pending' AND e.parked AND e.next_attempt_at > now()
+        ORDER BY e.priority DESC, e.next_attempt_at
+        LIMIT 1;
+        IF first_at IS NULL
+           OR NOT (first_at > now() + make_interval(secs => greatest(wait_now,
+                                  coalesce((1 - tokens_now) / rate_now, 0)) + 1)
+                   OR coalesce(rate_now > 1.5 * old_rate, false)) THEN
+            -- nothing to bring back: look again in a second while events
+            -- are parked more than 2 s ahead
+            UPDATE webhook_parking p
+            SET recheck_at = CASE WHEN first_at IS NOT NULL AND p.parked_until > now() + interval '2 s'
+                                  THEN now() + interval '1 s' END
+            WHERE p.endpoint = ep;
+            RETURN 0;
+        END IF;
+    END IF;
+
+    WITH ahead AS MATERIALIZED (
+        SELECT a.id, a.next_attempt_at AS old_at,
+               row_number() OVER (ORDER BY a.priority DESC, a.next_attempt_at) - 1 AS k
+        FROM (SELECT e.id, e.priority, e.next_attempt_at
+              FROM webhook_events e
+              WHERE e.endpoint = ep AND e.status = 'pending' AND e.parked
+                AND e.next_attempt_at > now()
+              ORDER BY e.priority DESC, e.next_attempt_at
+              LIMIT max_events
+              FOR UPDATE SKIP LOCKED) a
+    ), paced AS MATERIALIZED (
+        SELECT a.id, a.old_at,
+               least(a.old_at, now() + make_interval(secs => least(
+                   greatest(wait_now, coalesce((a.k + 1 - tokens_now) / rate_now, 0)),
+                   366 * 86400.0))) AS new_at
+        FROM ahead a
+    ), moved AS (
+        UPDATE webhook_events e
+        SET next_attempt_at = p.new_at
+        FROM paced p
+        WHERE e.id = p.id AND p.new_at < p.old_at - interval '1 s'
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM moved) AS moved, count(*) AS n,
+           min(p.new_at) AS first_at, max(p.new_at) AS last_at
+    INTO r
+    FROM paced p;
+
+    IF r.moved > 0 THEN
+        -- the next chunk a claim parks goes after them
+        INSERT INTO webhook_parking AS c (endpoint, parked_from, parked_until, rate, parked,
+                                          limits, recheck_at)
+        VALUES (ep, r.first_at, r.last_at, rate_now, r.n, keys[2:],
+                -- all of them read: more may be parked further ahead
+                CASE WHEN r.n >= max_events THEN now()
+                     WHEN r.last_at > now() + interval '2 s' THEN now() + interval '1 s' END)
+        ON CONFLICT (endpoint) DO UPDATE
+        SET parked_from = excluded.parked_from, parked_until = excluded.parked_until,
+            rate = excluded.rate, parked = excluded.parked, recheck_at = excluded.recheck_at;
+    ELSE
+        UPDATE webhook_parking p
+        SET recheck_at = CASE WHEN p.parked_until > now() + interval '2 s'
+                              THEN now() + interval '1 s' END
+        WHERE p.endpoint = ep;
+    END IF;
+    RETURN r.moved;
+END
+$$;
+
+-- recheck_parked: claim_events' step 0.  The endpoints whose cursors are
+-- due for a look (recheck_at), soonest first, at most n, each one whose
+-- parking lock is free (tried, never waited for: a claim parking it now
+-- passes it on to the next): repace_parked, if its buckets can send sooner.
+CREATE FUNCTION recheck_parked(n int, max_events int) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+DECLARE
+    ep text;
+BEGIN
+    FOR ep IN SELECT p.endpoint
+              FROM webhook_parking p
+              WHERE p.recheck_at <= now()
+              ORDER BY p.recheck_at
+              LIMIT n LOOP
+        IF pg_try_advisory_xact_lock(hashtext('claim_events: parking'), hashtext(ep)) THEN
+            PERFORM repace_parked(ep, max_events, true);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- unpark: bring back every event of an endpoint parked ahead, now, at the
+-- pace its buckets allow now (repace_parked).  Claims do it by themselves,
+-- within a second or so of a change, for events parked more than 2 s ahead;
+-- this is for an operator who wants it done at once.  Waits for a claim
+-- that is parking the endpoint.  Returns how many events moved.
+CREATE FUNCTION unpark(endpoint text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+BEGIN
+    IF unpark.endpoint IS NULL THEN
+        RAISE EXCEPTION 'endpoint must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('claim_events: parking'), hashtext(unpark.endpoint));
+    RETURN repace_parked(unpark.endpoint, NULL, false);
+END
+$$;
+
 -- claim_events: claim up to "batch" events, at most per_endpoint of any one
 -- endpoint, in one short transaction (call it on its own, in autocommit).
 --
+-- 0. recheck (a statement of its own, before the rest): endpoints with
+--    events parked more than 2 s ahead are looked at again about every
+--    second (recheck_parked, as many as the walk looks for, the longest
+--    unchecked first): one whose buckets could send its first parked event
+--    more than a second sooner, or whose rate rose by more than half since,
+--    gets them back at its pace now (repace_parked).  So a resume, a reset,
+--    a raised limit or a closed breaker brings them back without anyone
+--    touching the queue.
 -- 1. walk: walk the due events in queue order (priority, then due time)
 --    without locking, and keep the first event of each endpoint:
 --    bucket_claimable answers, at an endpoint's first event, how many of its
@@ -199,9 +370,14 @@ $$;
 --    after the endpoint's last parked one, or at its next token once that
 --    one has come due (it may be the event itself: a take late by a few
 --    milliseconds puts the next token off by as much, and a bucket of one
---    would otherwise lose a whole token for each).
---    Attempts do not change.  (Locked with SKIP LOCKED, never waited for,
---    never claimed.)
+--    would otherwise lose a whole token for each).  If it came due less than
+--    a token ago and that token is less than a token's time (and a second)
+--    away, the takes before it were late: it is left due for the claim that
+--    comes with its token (parked after the others, each of them as early,
+--    every other token would find no event).
+--    Attempts do not change; the events are marked parked (and so are
+--    those 8 defers), and a cursor more than 2 s ahead is rechecked (0).
+--    (Locked with SKIP LOCKED, never waited for, never claimed.)
 --    How many, per endpoint: per_endpoint times the walk's endpoints over
 --    those of them with tokens (2 x per_endpoint when half have some: the
 --    parking keeps up with the claims, which take per_endpoint events of an
@@ -289,11 +465,22 @@ BEGIN
     END IF;
     walk_endpoints := greatest(8, 2 * ceil(batch::float8 / per_endpoint)::int);
 
+    -- 0. recheck: endpoints whose events are parked more than 2 s ahead,
+    -- the longest unchecked first (as many as the walk looks for): whose
+    -- buckets can send sooner now (resumed, reset, a higher rate, a breaker
+    -- closed) get them back at their pace now (unpark)
+    IF park_max > 0 THEN
+        PERFORM recheck_parked(walk_endpoints, park_max);
+    END IF;
+
     RETURN QUERY
     WITH head AS MATERIALIZED (
-        SELECT f.endpoint, f.limits, f.inflight_key, f.n, f.place
+        SELECT f.endpoint, f.limits, f.inflight_key, f.overdue, f.n, f.place
         FROM (SELECT q.*, row_number() OVER () AS place    -- its row in the walk
               FROM (SELECT e.endpoint, e.limits, e.inflight_key,
+                           -- a parked event: how long since it came due
+                           CASE WHEN e.parked THEN extract(epoch FROM now() - e.next_attempt_at)::float8
+                           END AS overdue,
                            ratebucket.bucket_claimable(e.endpoint, per_endpoint,
                                                        configured_only => true) AS n
                     FROM webhook_events e
@@ -310,17 +497,22 @@ BEGIN
     ), walk AS MATERIALIZED (
         -- the head, then endpoints whose parked events are due, oldest
         -- parking first: parked behind a backlog, the head may not reach them
-        SELECT h.endpoint, h.limits, h.inflight_key, h.n, h.place, row_number() OVER () AS pos
-        FROM (SELECT hd.endpoint, hd.limits, hd.inflight_key, hd.n, hd.place FROM head hd
+        SELECT h.endpoint, h.limits, h.inflight_key, h.overdue, h.n, h.place,
+               row_number() OVER () AS pos
+        FROM (SELECT hd.endpoint, hd.limits, hd.inflight_key, hd.overdue, hd.n, hd.place
+              FROM head hd
               UNION ALL
-              SELECT b.endpoint, b.limits, b.inflight_key, b.n, NULL
-              FROM (SELECT x.endpoint, x.limits, x.inflight_key,
+              SELECT b.endpoint, b.limits, b.inflight_key, b.overdue, b.n, NULL
+              FROM (SELECT x.endpoint, x.limits, x.inflight_key, x.overdue,
                            ratebucket.bucket_claimable(x.endpoint, per_endpoint,
                                                        configured_only => true) AS n
-                    FROM (SELECT y.endpoint, y.limits, y.inflight_key
+                    FROM (SELECT y.endpoint, y.limits, y.inflight_key, y.overdue
                           FROM webhook_parking p
                           CROSS JOIN LATERAL (
                               SELECT e.endpoint, e.limits, e.inflight_key,
+                                     CASE WHEN e.parked
+                                          THEN extract(epoch FROM now() - e.next_attempt_at)::float8
+                                     END AS overdue,
                                      e.priority, e.next_attempt_at
                               FROM webhook_events e
                               WHERE e.endpoint = p.endpoint
@@ -332,7 +524,7 @@ BEGIN
                           LIMIT walk_endpoints) x) b
               WHERE b.n IS NOT NULL) h
     ), sized AS MATERIALIZED (
-        SELECT v.endpoint, v.limits, v.inflight_key, v.pos,
+        SELECT v.endpoint, v.limits, v.inflight_key, v.pos, v.overdue,
                -- least ignores NULL: no limits, no cap
                least(v.n, v.limits_n, v.free) AS n,
                -- every limit and the cap are configured (the endpoint is:
@@ -342,7 +534,7 @@ BEGIN
                    -- a striped bucket is taken alone, never with limits
                    AND NOT v.striped_with_limits AS configured,
                v.free = 0 AS cap_full
-        FROM (SELECT w.endpoint, w.limits, w.inflight_key, w.pos, w.n,
+        FROM (SELECT w.endpoint, w.limits, w.inflight_key, w.pos, w.overdue, w.n,
                      l.n AS limits_n, l.unconfigured AS limits_unconfigured,
                      CASE WHEN w.inflight_key IS NOT NULL THEN
                          claim_cap_free(w.inflight_key) END AS free,
@@ -391,7 +583,7 @@ BEGIN
     ), to_park AS MATERIALIZED (
         -- one claim at a time parks an endpoint: another one passes over it
         SELECT p.endpoint, p.limits, p.inflight_key, p.wait, p.rate
-        FROM (SELECT z.endpoint, z.limits, z.inflight_key,
+        FROM (SELECT z.endpoint, z.limits, z.inflight_key, max(z.overdue) AS overdue,
                      greatest(max(ratebucket.bucket_wait(k.key)),
                               CASE WHEN bool_or(z.cap_full) THEN cap_wait ELSE 0 END) AS wait,
                      min(i.effective_rate) FILTER (WHERE i.effective_rate > 0) AS rate
@@ -407,6 +599,15 @@ BEGIN
               GROUP BY z.endpoint, z.limits, z.inflight_key) p
         -- (one condition: the lock is tried only for endpoints to park)
         WHERE CASE WHEN p.wait > 0 AND p.wait >= park_after
+                        -- its first due event was parked, came due less than
+                        -- a token ago and its token is less than a second
+                        -- away (the takes before it were late): left due,
+                        -- for the claim that comes with the token (parked
+                        -- again, it would go after the endpoint's other
+                        -- parked events, each of them as early, and every
+                        -- other token would find none)
+                        AND NOT coalesce(p.overdue < 1 / p.rate
+                                         AND p.wait < least(1 / p.rate, 1.0), false)
                         -- paced at more than a token a second, its next
                         -- token within a minute: not when its parked events
                         -- reach 2 s past its next token already (they would
@@ -447,12 +648,16 @@ BEGIN
                       FROM walk w WHERE w.place IS NOT NULL))
                   FOR UPDATE SKIP LOCKED) y) x
     ), cursors AS (                 -- where each endpoint's parked events go
-        INSERT INTO webhook_parking AS c (endpoint, parked_from, parked_until, rate, parked)
+        INSERT INTO webhook_parking AS c (endpoint, parked_from, parked_until, rate, parked,
+                                          limits, recheck_at)
         SELECT p.endpoint, now() + make_interval(secs => least(p.wait, 366 * 86400.0)),
                now() + make_interval(secs => least(
                    p.wait + CASE WHEN p.rate > 0 THEN (r.c - 1) / p.rate ELSE 0 END,
                    366 * 86400.0)),
-               p.rate, r.c
+               p.rate, r.c, p.limits,
+               -- parked more than 2 s ahead: looked at again in a second (0.)
+               CASE WHEN p.wait + CASE WHEN p.rate > 0 THEN (r.c - 1) / p.rate ELSE 0 END > 2
+                    THEN now() + interval '1 s' END
         FROM to_park p
         JOIN (SELECT pr.endpoint, max(pr.c) AS c FROM park_rows pr GROUP BY pr.endpoint) r
           ON r.endpoint = p.endpoint
@@ -484,7 +689,8 @@ BEGIN
                                        366 * 86400.0))),
                           now() + interval '366 days')
                 ELSE excluded.parked_until END,
-            rate = excluded.rate, parked = excluded.parked
+            rate = excluded.rate, parked = excluded.parked, limits = excluded.limits,
+            recheck_at = coalesce(c.recheck_at, excluded.recheck_at)
         RETURNING c.endpoint, c.parked_from, c.rate
     ), parked AS (
         UPDATE webhook_events e
@@ -492,7 +698,8 @@ BEGIN
                 cu.parked_from + make_interval(secs =>
                     CASE WHEN cu.rate > 0 THEN least((pr.k - 1) / cu.rate, 366 * 86400.0)
                          ELSE 0 END),
-                now() + interval '366 days')
+                now() + interval '366 days'),
+            parked = true
         FROM park_rows pr
         JOIN cursors cu ON cu.endpoint = pr.endpoint
         WHERE e.id = pr.id
@@ -514,13 +721,13 @@ BEGIN
         FROM taken t JOIN batches b ON b.req = t.request
     ), deferred AS (
         UPDATE webhook_events e
-        SET next_attempt_at = now() + make_interval(secs => g.wait_seconds)
+        SET next_attempt_at = now() + make_interval(secs => g.wait_seconds), parked = true
         FROM grants g
         WHERE e.id = ANY (g.ids[g.granted + 1:])
     )
     UPDATE webhook_events e
     SET status = 'sending', lease_until = now() + lease,
-        slot = g.slots[array_position(g.ids, e.id)]
+        slot = g.slots[array_position(g.ids, e.id)], parked = false
     FROM grants g
     WHERE e.id = ANY (g.ids[1:g.granted])
     RETURNING e.id, e.endpoint, e.attempts, e.payload, e.lease_until;
@@ -575,7 +782,8 @@ BEGIN
                   FOR UPDATE SKIP LOCKED) y
         )
         UPDATE webhook_events e
-        SET next_attempt_at = now() + make_interval(secs => unclaimable_wait + a.k * 1e-6)
+        SET next_attempt_at = now() + make_interval(secs => unclaimable_wait + a.k * 1e-6),
+            parked = false
         FROM aside a
         WHERE e.id = a.id;
     END IF;
@@ -664,12 +872,12 @@ BEGIN
     IF fb.outcome = 'success' THEN
         UPDATE webhook_events
         SET status = 'delivered', attempts = tries, last_status = http_status,
-            delivered_at = clock_timestamp(), lease_until = NULL, slot = NULL
+            delivered_at = clock_timestamp(), lease_until = NULL, slot = NULL, parked = false
         WHERE id = event_id;
     ELSIF fb.outcome = 'neutral' OR tries >= max_attempts THEN
         UPDATE webhook_events
         SET status = 'failed', attempts = tries, last_status = http_status,
-            lease_until = NULL, slot = NULL
+            lease_until = NULL, slot = NULL, parked = false
         WHERE id = event_id;
     ELSE
         delay := greatest(coalesce(fb.cooldown_seconds, 0),
@@ -678,7 +886,10 @@ BEGIN
         UPDATE webhook_events
         SET status = 'pending', attempts = tries, last_status = http_status,
             next_attempt_at = clock_timestamp() + make_interval(secs => delay),
-            lease_until = NULL, slot = NULL
+            lease_until = NULL, slot = NULL,
+            -- a cooldown is its bucket's (unpark brings it back early); a
+            -- backoff is its own
+            parked = fb.outcome <> 'failure'
         WHERE id = event_id;
     END IF;
     RETURN fb.outcome;
@@ -726,7 +937,8 @@ WITH expired AS MATERIALIZED (   -- in id order, as a batch's record locks them
     GROUP BY x.inflight_key
 ), r AS (
     UPDATE webhook_events e
-    SET status = 'pending', lease_until = NULL, next_attempt_at = now(), slot = NULL
+    SET status = 'pending', lease_until = NULL, next_attempt_at = now(), slot = NULL,
+        parked = false
     FROM expired x
     WHERE e.id = x.id
     RETURNING 1
@@ -751,17 +963,81 @@ WHERE status = 'sending'
    OR (status = 'pending' AND (before IS NULL OR next_attempt_at < before))
 $$;
 
+-- explain_keys: what holds a send that takes from these buckets (in this
+-- order, each once) and holds a slot of this in-flight cap (NULL: none),
+-- one row per hold, each with when it lets go (NULL: not known, or never
+-- by itself) and what to do: for each bucket 'not configured' (the claim
+-- leaves its events alone), 'paused', 'breaker open', 'cooldown', 'quota
+-- spent', 'no tokens'; then 'not configured' or 'cap full' for the cap.
+-- The figures are ratebucket's at now_ (bucket_status, inflight_status,
+-- and buckets for the end of a pause).
+CREATE FUNCTION explain_keys(keys text[], cap_key text, now_ timestamptz)
+RETURNS TABLE (reason text, key text, until timestamptz, detail text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+DECLARE
+    b record;
+    c record;
+    k text;
+BEGIN
+    FOR k IN SELECT t.u FROM unnest(keys) WITH ORDINALITY t(u, o)
+             GROUP BY t.u ORDER BY min(t.o) LOOP
+        SELECT s.configured, s.paused, s.breaker, s.breaker_seconds, s.cooldown_seconds,
+               s.tokens, s.effective_rate, s.quota, s.quota_remaining, s.quota_resets_at,
+               p.paused_until
+        INTO b
+        FROM ratebucket.bucket_status s
+        LEFT JOIN ratebucket.buckets p ON p.endpoint = s.endpoint
+        WHERE s.endpoint = k;
+        IF NOT FOUND OR NOT b.configured THEN
+            RETURN QUERY SELECT 'not configured'::text, k, NULL::timestamptz,
+                'no limits stored for it: the claim leaves its events alone until '
+                'ratebucket.bucket_configure sets them'::text;
+        ELSIF b.paused THEN
+            RETURN QUERY SELECT 'paused'::text, k,
+                CASE WHEN b.paused_until < 'infinity' THEN b.paused_until END,
+                'paused by ratebucket.bucket_pause: ratebucket.bucket_resume ends it'::text;
+        ELSIF b.breaker = 'open' THEN
+            RETURN QUERY SELECT 'breaker open'::text, k,
+                now_ + make_interval(secs => b.breaker_seconds),
+                'its circuit breaker opened on failures; half-open then: one probe goes'::text;
+        ELSIF b.cooldown_seconds > 0 THEN
+            RETURN QUERY SELECT 'cooldown'::text, k,
+                now_ + make_interval(secs => b.cooldown_seconds),
+                'the destination asked for a pause (a 429 or a 503 with Retry-After)'::text;
+        ELSIF b.quota IS NOT NULL AND b.quota_remaining < 1 THEN
+            RETURN QUERY SELECT 'quota spent'::text, k, b.quota_resets_at,
+                format('its quota of %s is used up until it resets', b.quota);
+        ELSIF b.quota IS NULL AND b.tokens < 1 THEN
+            RETURN QUERY SELECT 'no tokens'::text, k,
+                CASE WHEN b.effective_rate > 0
+                     THEN now_ + make_interval(secs => (1 - b.tokens) / b.effective_rate) END,
+                format('%s tokens now, refilling at %s/s', round(b.tokens::numeric, 3),
+                       round(b.effective_rate::numeric, 3));
+        END IF;
+    END LOOP;
+
+    IF cap_key IS NOT NULL THEN
+        SELECT i.cap, i.in_flight, i.oldest, i.lease INTO c
+        FROM ratebucket.inflight_status i WHERE i.key = cap_key;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT 'not configured'::text, cap_key, NULL::timestamptz,
+                'no in-flight cap stored for it: the claim leaves its events alone until '
+                'ratebucket.inflight_configure sets it'::text;
+        ELSIF c.in_flight >= c.cap THEN
+            RETURN QUERY SELECT 'cap full'::text, cap_key, c.oldest + c.lease,
+                format('%s of %s slots in flight: one frees when its outcome is recorded, '
+                       'or at the latest when the oldest lease ends', c.in_flight, c.cap);
+        END IF;
+    END IF;
+END $$;
+
 -- explain_event: why an event is not being sent, one row per thing that
--- holds it, each with when it lets go (NULL: not known, or never by
--- itself), and what to do; one row 'due' when nothing does.  For each
--- bucket the event takes from (its endpoint, then its limits): 'not
--- configured' (the claim leaves it alone), 'paused', 'breaker open',
--- 'cooldown', 'quota spent', 'no tokens'; then its in-flight cap ('cap
--- full'); then its own time ('not due': parked until its token comes, or
--- waiting out a retry's backoff).  An event in flight is 'leased' (until
--- its lease ends), a finished one 'delivered' or 'failed'.  The figures
--- are ratebucket's at the moment of the call (bucket_status, inflight_status,
--- and buckets for the end of a pause): the caller needs to read them.
+-- holds it (explain_keys: its endpoint, its limits, its cap), then its own
+-- time ('not due': parked until its token comes, or waiting out a retry's
+-- backoff); one row 'due' when nothing holds it.  An event in flight is
+-- 'leased' (until its lease ends), a finished one 'delivered' or 'failed'.
 CREATE FUNCTION explain_event(event_id bigint)
 RETURNS TABLE (reason text, key text, until timestamptz, detail text)
 LANGUAGE plpgsql VOLATILE
@@ -769,11 +1045,8 @@ SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 DECLARE
     e webhook_events;
-    b record;
-    c record;
-    k text;
     now_ timestamptz := clock_timestamp();
-    held boolean := false;
+    held boolean;
 BEGIN
     IF event_id IS NULL THEN
         RAISE EXCEPTION 'event_id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -795,78 +1068,82 @@ BEGIN
         RETURN;
     END IF;
 
-    -- its buckets, each once, in the order the event names them
-    FOR k IN SELECT t.u FROM unnest(ARRAY[e.endpoint] || e.limits) WITH ORDINALITY t(u, o)
-             GROUP BY t.u ORDER BY min(t.o) LOOP
-        SELECT s.configured, s.paused, s.breaker, s.breaker_seconds, s.cooldown_seconds,
-               s.tokens, s.effective_rate, s.quota, s.quota_remaining, s.quota_resets_at,
-               p.paused_until
-        INTO b
-        FROM ratebucket.bucket_status s
-        LEFT JOIN ratebucket.buckets p ON p.endpoint = s.endpoint
-        WHERE s.endpoint = k;
-        IF NOT FOUND OR NOT b.configured THEN
-            held := true;
-            RETURN QUERY SELECT 'not configured'::text, k, NULL::timestamptz,
-                'no limits stored for it: the claim leaves the event alone until '
-                'ratebucket.bucket_configure sets them'::text;
-            CONTINUE;
-        END IF;
-        IF b.paused THEN
-            held := true;
-            RETURN QUERY SELECT 'paused'::text, k,
-                CASE WHEN b.paused_until < 'infinity' THEN b.paused_until END,
-                'paused by ratebucket.bucket_pause: ratebucket.bucket_resume ends it'::text;
-        ELSIF b.breaker = 'open' THEN
-            held := true;
-            RETURN QUERY SELECT 'breaker open'::text, k,
-                now_ + make_interval(secs => b.breaker_seconds),
-                'its circuit breaker opened on failures; half-open then: one probe goes'::text;
-        ELSIF b.cooldown_seconds > 0 THEN
-            held := true;
-            RETURN QUERY SELECT 'cooldown'::text, k,
-                now_ + make_interval(secs => b.cooldown_seconds),
-                'the destination asked for a pause (a 429 or a 503 with Retry-After)'::text;
-        ELSIF b.quota IS NOT NULL AND b.quota_remaining < 1 THEN
-            held := true;
-            RETURN QUERY SELECT 'quota spent'::text, k, b.quota_resets_at,
-                format('its quota of %s is used up until it resets', b.quota);
-        ELSIF b.quota IS NULL AND b.tokens < 1 THEN
-            held := true;
-            RETURN QUERY SELECT 'no tokens'::text, k,
-                CASE WHEN b.effective_rate > 0
-                     THEN now_ + make_interval(secs => (1 - b.tokens) / b.effective_rate) END,
-                format('%s tokens now, refilling at %s/s', round(b.tokens::numeric, 3),
-                       round(b.effective_rate::numeric, 3));
-        END IF;
-    END LOOP;
-
-    IF e.inflight_key IS NOT NULL THEN
-        SELECT i.cap, i.in_flight, i.oldest, i.lease INTO c
-        FROM ratebucket.inflight_status i WHERE i.key = e.inflight_key;
-        IF NOT FOUND THEN
-            held := true;
-            RETURN QUERY SELECT 'not configured'::text, e.inflight_key, NULL::timestamptz,
-                'no in-flight cap stored for it: the claim leaves the event alone until '
-                'ratebucket.inflight_configure sets it'::text;
-        ELSIF c.in_flight >= c.cap THEN
-            held := true;
-            RETURN QUERY SELECT 'cap full'::text, e.inflight_key, c.oldest + c.lease,
-                format('%s of %s slots in flight: one frees when its outcome is recorded, '
-                       'or at the latest when the oldest lease ends', c.in_flight, c.cap);
-        END IF;
-    END IF;
-
+    RETURN QUERY SELECT * FROM explain_keys(ARRAY[e.endpoint] || e.limits, e.inflight_key, now_);
+    held := FOUND;
     IF e.next_attempt_at > now_ THEN
         held := true;
         RETURN QUERY SELECT 'not due'::text, NULL::text, e.next_attempt_at,
-            CASE WHEN e.attempts > 0
+            CASE WHEN e.parked
+                 THEN 'parked until its buckets have a token for it (sooner if they get one '
+                      'sooner: a claim brings it back)'
+                 WHEN e.attempts > 0
                  THEN format('waiting out the backoff after attempt %s', e.attempts)
-                 ELSE 'parked until its token comes, or enqueued for then' END;
+                 ELSE 'enqueued for then' END;
     END IF;
     IF NOT held THEN
         RETURN QUERY SELECT 'due'::text, NULL::text, now_,
             'nothing holds it: the next claim that reaches it sends it'::text;
+    END IF;
+END $$;
+
+-- explain_endpoint: why an endpoint's events are not being sent: what
+-- holds its best pending event (in queue order: its bucket, that event's
+-- limits and cap; with none pending, its bucket alone), then one row on
+-- its events: 'leased' (in flight, until the earliest lease ends), 'not
+-- due' (pending, none due yet: until the first comes due), 'due' (some due
+-- and nothing holds them), or 'no events'.
+CREATE FUNCTION explain_endpoint(endpoint text)
+RETURNS TABLE (reason text, key text, until timestamptz, detail text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+DECLARE
+    ep text := explain_endpoint.endpoint;
+    now_ timestamptz := clock_timestamp();
+    head webhook_events;
+    n record;
+    held boolean;
+BEGIN
+    IF ep IS NULL THEN
+        RAISE EXCEPTION 'endpoint must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT count(*) FILTER (WHERE e.status = 'pending') AS pending,
+           count(*) FILTER (WHERE e.status = 'pending' AND e.next_attempt_at <= now_) AS due,
+           count(*) FILTER (WHERE e.status = 'pending' AND e.parked
+                                  AND e.next_attempt_at > now_) AS parked,
+           count(*) FILTER (WHERE e.status = 'sending') AS sending,
+           min(e.next_attempt_at) FILTER (WHERE e.status = 'pending') AS next_at,
+           min(e.lease_until) FILTER (WHERE e.status = 'sending') AS lease_at
+    INTO n
+    FROM webhook_events e
+    WHERE e.endpoint = ep AND e.status IN ('pending', 'sending');
+    SELECT * INTO head
+    FROM webhook_events e
+    WHERE e.endpoint = ep AND e.status = 'pending'
+    ORDER BY e.priority DESC, e.next_attempt_at
+    LIMIT 1;
+
+    RETURN QUERY SELECT * FROM explain_keys(ARRAY[ep] || coalesce(head.limits, '{}'),
+                                            head.inflight_key, now_);
+    held := FOUND;
+    IF n.sending > 0 THEN
+        RETURN QUERY SELECT 'leased'::text, NULL::text, n.lease_at,
+            format('%s in flight: each back in the queue at the latest when its lease ends',
+                   n.sending);
+    END IF;
+    IF n.pending = 0 THEN
+        IF n.sending = 0 THEN
+            RETURN QUERY SELECT 'no events'::text, NULL::text, NULL::timestamptz,
+                'nothing pending or in flight'::text;
+        END IF;
+    ELSIF n.due = 0 THEN
+        RETURN QUERY SELECT 'not due'::text, NULL::text, n.next_at,
+            format('%s pending, none due yet (%s parked until their buckets have tokens)',
+                   n.pending, n.parked);
+    ELSIF NOT held THEN
+        RETURN QUERY SELECT 'due'::text, NULL::text, now_,
+            format('%s of %s pending due, nothing holds them: the next claim that reaches them '
+                   'sends them', n.due, n.pending);
     END IF;
 END $$;
 
@@ -895,5 +1172,9 @@ COMMENT ON FUNCTION events_left(timestamptz) IS
 'Events in flight, or pending and due before "before" (NULL: whenever).';
 COMMENT ON FUNCTION explain_event(bigint) IS
 'Why an event is not being sent: one row per thing that holds it (not configured, paused, breaker open, cooldown, quota spent, no tokens, cap full, not due, leased), with the key it concerns and when it lets go; one row due when nothing does.';
+COMMENT ON FUNCTION explain_endpoint(text) IS
+'Why an endpoint''s events are not being sent: what holds its best pending event (its bucket, that event''s limits and cap), then leased, not due, due or no events, with counts and times.';
+COMMENT ON FUNCTION unpark(text) IS
+'Bring back an endpoint''s events parked ahead at the pace its buckets allow now (claims do it by themselves within about a second). Returns how many moved.';
 COMMENT ON VIEW event_waits IS
 'explain_event for every event pending or in flight: filter it by endpoint or event_id.';

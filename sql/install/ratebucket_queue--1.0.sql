@@ -1,0 +1,899 @@
+-- ratebucket_queue: a delivery queue and its rate-limited claim, on
+-- ratebucket.  The current surface: the install script of the current
+-- version is a copy of this file (Makefile).  CREATE EXTENSION
+-- ratebucket_queue [SCHEMA s] creates, in the schema chosen then:
+--
+--   webhook_events          the queue: one row per event to deliver
+--   webhook_parking         where each throttled endpoint's parked events end
+--   claim_events(...)       claim a batch: only events whose endpoint (and
+--                           every other limit of theirs) has a token, tokens
+--                           and slots spent only on events locked here
+--   record_delivery(...)    the outcome of one request: the event's status,
+--                           its next attempt, bucket_observe, its slot freed
+--   next_due()              seconds until a claim could find something
+--   requeue_expired()       give back the events of workers that died (and
+--                           forget old parking cursors)
+--   events_left(...)        events pending or in flight
+--   explain_event(id)       why an event waits, and until when
+--   event_waits             the same for every event pending or in flight
+--
+-- Every function runs with search_path = pg_catalog, the extension's schema,
+-- pg_temp, whatever the caller's; ratebucket's functions are called by their
+-- schema-qualified names.  Each endpoint is configured with
+-- ratebucket.bucket_configure before its events are claimed (and each bucket
+-- an event names in "limits", and its in-flight cap).  Here the endpoint is
+-- the destination's URL; key it however your buckets are keyed.
+--
+-- The life of an event:
+--
+--   pending --claim--> sending --2xx--> delivered
+--      ^                  |
+--      +---- retry -------+---- permanent failure, or too many attempts --> failed
+--
+-- "attempts" counts requests that actually left.  A claim refused a token
+-- does not touch it; a request that never connected does not count.
+
+\echo Use "CREATE EXTENSION ratebucket_queue" to load this file. \quit
+
+CREATE TABLE webhook_events (
+    id              bigserial PRIMARY KEY,
+    endpoint        text NOT NULL
+                    CHECK (octet_length(endpoint) BETWEEN 1 AND 1024),   -- a bucket key
+    priority        int NOT NULL DEFAULT 0,
+    status          text NOT NULL DEFAULT 'pending'
+                    CHECK (status IN ('pending', 'sending', 'delivered', 'failed')),
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    attempts        int NOT NULL DEFAULT 0,
+    lease_until     timestamptz,        -- while sending: when the claim expires
+    last_status     int,                -- the last HTTP status (NULL: no response)
+    delivered_at    timestamptz,
+    payload         jsonb NOT NULL DEFAULT '{}',
+    -- The limits a send of this event answers to besides its endpoint's:
+    limits          text[] NOT NULL DEFAULT '{}',   -- other buckets every send takes
+                    -- a token from (its account's rate, a lane, a daily quota),
+                    -- each configured, none the endpoint itself
+    inflight_key    text,               -- an in-flight cap (inflight_configure)
+                    -- a send holds a slot of, from its claim to its outcome
+    slot            bigint              -- while sending: the slot it holds
+);
+
+-- The queue order, to find the best due events.  Partial: only pending
+-- events, so the index stays as small as the backlog.
+CREATE INDEX webhook_events_queue
+    ON webhook_events (priority DESC, next_attempt_at) WHERE status = 'pending';
+-- One endpoint's due events in the same order, for the per-endpoint lock.
+CREATE INDEX webhook_events_endpoint
+    ON webhook_events (endpoint, priority DESC, next_attempt_at) WHERE status = 'pending';
+-- Leases to reclaim.
+CREATE INDEX webhook_events_leases
+    ON webhook_events (lease_until) WHERE status = 'sending';
+
+-- Where the parked events of each endpoint end (claim_events, step 6): a
+-- claim parks a few of a throttled endpoint's events at a time, and each
+-- chunk goes after the previous one instead of starting again at the next
+-- token.  One row per endpoint ever parked; requeue_expired deletes the rows
+-- of endpoints whose parked events all came due more than an hour ago.
+CREATE TABLE webhook_parking (
+    endpoint     text PRIMARY KEY,
+    parked_from  timestamptz NOT NULL,  -- the due time of the last chunk's first
+    parked_until timestamptz NOT NULL,  -- and of its last: where the next one goes
+    rate         float8,                -- the pace they were parked at (NULL: none)
+    parked       bigint NOT NULL        -- how many the last chunk held
+);
+
+-- The queue's rows are the user's data: pg_dump dumps them (and the id
+-- sequence's position) with the extension's objects.
+SELECT pg_catalog.pg_extension_config_dump('webhook_events', '');
+SELECT pg_catalog.pg_extension_config_dump('webhook_events_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('webhook_parking', '');
+
+-- Sleeping workers wake up when events arrive (LISTEN webhook_events).
+CREATE FUNCTION webhook_events_notify() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+BEGIN
+    NOTIFY webhook_events;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER webhook_events_notify
+    AFTER INSERT ON webhook_events
+    FOR EACH STATEMENT EXECUTE FUNCTION webhook_events_notify();
+
+-- What claim_events needs of ratebucket's views, in functions of their own:
+-- a view's plan written into the claim's statement would be set up at
+-- every claim, used or not (about a twentieth of a claim's time in one
+-- session).  claim_bucket_info: for each key with a bucket, its effective
+-- rate now (0 for a calendar quota, which has no rate) and whether it is
+-- striped.
+CREATE FUNCTION claim_bucket_info(keys text[])
+RETURNS TABLE (key text, effective_rate float8, striped boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+BEGIN
+    IF cardinality(keys) > 0 THEN
+        RETURN QUERY
+        SELECT b.endpoint, b.effective_rate, b.stripes > 1
+        FROM ratebucket.bucket_status b
+        WHERE b.endpoint = ANY (keys);
+    END IF;
+END
+$$;
+
+-- claim_cap_free: the free slots of an in-flight cap now (NULL if it has
+-- no configuration).
+-- (PL/pgSQL, whose plans last the session: a SQL function would be planned
+-- again at every claim.)
+CREATE FUNCTION claim_cap_free(cap_key text) RETURNS int
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT greatest(s.cap - s.in_flight, 0)::int
+            FROM ratebucket.inflight_status s
+            WHERE s.key = cap_key);
+END
+$$;
+
+-- claim_events: claim up to "batch" events, at most per_endpoint of any one
+-- endpoint, in one short transaction (call it on its own, in autocommit).
+--
+-- 1. walk: walk the due events in queue order (priority, then due time)
+--    without locking, and keep the first event of each endpoint:
+--    bucket_claimable answers, at an endpoint's first event, how many of its
+--    events to lock (its whole tokens, at most per_endpoint; 0 in a cooldown,
+--    a pause or an open breaker), and NULL at its later events, and at every
+--    event of an endpoint without a configuration (configured_only).  One
+--    busy endpoint appears once: the next endpoints get their turn.
+--    The walk stops after 2 x batch / per_endpoint endpoints (at least 8), or
+--    20 x batch events.  Then it looks at as many endpoints again of those
+--    it parked events of (webhook_parking) that have due events, the best
+--    first due event first (one probe of webhook_events_endpoint for each
+--    row of webhook_parking): parked behind a backlog of older events, they
+--    would otherwise wait until the head of the queue reached them.
+-- 2. sized: what the event's other limits allow too: the whole tokens each
+--    bucket of its "limits" holds (bucket_grantable, which answers for a
+--    bucket every time: endpoints share their account) and the free slots
+--    of its in-flight cap.  An account out of tokens makes 0 of every one of
+--    its endpoints, exactly as an endpoint without tokens.
+-- 3. heads: the configured endpoints that can send, in walk order, until
+--    their counts fill the batch (the last one takes what is left of it).
+--    Endpoints without a token, or whose account has none, are filtered
+--    here, before anything is locked.  Events of an endpoint (or a limit, or
+--    a cap) that has no configuration (never configured, or dropped), and
+--    events with limits or a cap on a striped endpoint or naming a striped
+--    limit (a striped bucket is taken alone), are left alone: they wait,
+--    visible, for it, instead of failing every claim (and are set aside when
+--    they block the walk: 10).  (A limit repeated, or naming the endpoint
+--    itself, counts once.)
+-- 4. locked: for each head, lock up to that many of its due events, best
+--    first, skipping events other workers hold: only events with the same
+--    limits and cap as its first one, the limits step 2 sized it by.  (An
+--    endpoint's events with other limits wait until one of them is its
+--    first due event: never locked on another event's answer, so never
+--    locked without a token, nor on a bucket that is not configured.)
+-- 5. batches: one request per endpoint, numbered in walk order: where
+--    its buckets are shared (an account, a quota, a cap) and hold less than
+--    the heads asked, the endpoints of the best due events get them first.
+-- 6. parked: endpoints the walk met without a token, or whose limits have
+--    none (for at least park_after seconds: by default any): their next due
+--    events with the limits and cap of the first one (as in 4) move to the
+--    times their tokens will come, one token apart at the lowest effective
+--    rate among them (a calendar quota, which has no rate, gets all of them
+--    back at its reset).  The first goes when the next token does
+--    (bucket_wait of the endpoint and of each limit, the longest: a
+--    cooldown, an open breaker, a pause, or the refill), or, if the
+--    endpoint has events parked already, one token after the last of them
+--    (webhook_parking keeps where they end and at what rate; those still
+--    ahead count at the rate in force now, so that a rate that rose since
+--    they were parked is followed at once; one that rose by more than half
+--    starts from the next token).  So the next
+--    claims do not walk over them again, lower-priority events of endpoints
+--    that have tokens go meanwhile, and each parked event comes back due
+--    about when it can be sent, in its order (at most a year ahead).  One
+--    that comes due and finds no token for it (the rate lowered by feedback
+--    since it was parked, a token taken by a newer event, a worker late by
+--    more than the bucket's capacity) is parked again like any due event:
+--    after the endpoint's last parked one, or at its next token once that
+--    one has come due (it may be the event itself: a take late by a few
+--    milliseconds puts the next token off by as much, and a bucket of one
+--    would otherwise lose a whole token for each).
+--    Attempts do not change.  (Locked with SKIP LOCKED, never waited for,
+--    never claimed.)
+--    How many, per endpoint: per_endpoint times the walk's endpoints over
+--    those of them with tokens (2 x per_endpoint when half have some: the
+--    parking keeps up with the claims, which take per_endpoint events of an
+--    endpoint each), or as many rows as the walk passed over (events of
+--    endpoints it had met already), if more; park_max when the walk met
+--    fewer endpoints than it looks for (it read all it could); never more
+--    than park_max.  So a claim parks about what it walked, not a whole
+--    backlog at once.  One claim at a time parks an endpoint (a
+--    transaction-level advisory lock, tried, never waited for): another
+--    passes over it, so that two claims never start from the same last
+--    parked event.
+--    An endpoint held back by a full in-flight cap is parked for at least
+--    cap_wait seconds (0.5 by default): no one knows when a slot frees, and
+--    left due, its events would fill the walk and hide every endpoint
+--    queued behind them until one did.
+--    Done before the grants: the buckets stay locked from the grants to the
+--    commit, and other claims of the same endpoints wait for them meanwhile.
+-- 7. grants: one ratebucket.bucket_take_batch for the whole batch, called
+--    once every lock on events is taken: it locks every bucket the batch
+--    names once, in byte order of the keys (the order bucket_take_all locks
+--    in too, so takers cannot deadlock), grants each request as many tokens
+--    as its endpoint and every one of its limits hold (one row update per
+--    bucket for the whole batch), and as many slots of its cap.
+-- 8. deferred: locked events that got no token (or no slot) go back to the
+--    queue at the time the next token comes; their attempts do not change.
+-- 9. the rest are claimed: status 'sending', leased until now() + lease,
+--    each holding its slot.  Each is returned with its lease_until: pass it
+--    back to record_delivery (claimed_lease).
+-- 10. set aside, only when the claim found nothing: events the claim leaves
+--    alone (step 3: no configuration for their endpoint, a limit or their
+--    cap; limits on a striped bucket) among the 20 x batch best due events
+--    move unclaimable_wait seconds ahead (5 by default), in their order,
+--    attempts unchanged.  Left due, enough of them at the head of the queue
+--    fill the walk, and every claim would come back empty while events
+--    behind them could go.  A few of them among events that can go are not
+--    touched: claims that find something never run this step, nor those
+--    whose walk, run again, meets only configured endpoints whose first
+--    events have no limits and no cap (nothing left alone is in its way).
+--    Once configured, they are claimed when they come due again.
+--
+-- Tokens and slots are spent only on events returned here: locked rows
+-- skipped by another worker were never counted, and a rollback gives the
+-- tokens and the slots back.
+CREATE FUNCTION claim_events(
+    batch int DEFAULT 80,
+    per_endpoint int DEFAULT 10,
+    lease interval DEFAULT '30 seconds',
+    park_after float8 DEFAULT 0,
+    park_max int DEFAULT 1000,
+    cap_wait float8 DEFAULT 0.5,
+    unclaimable_wait float8 DEFAULT 5)
+RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb, lease_until timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+-- Planned for any LIMIT, the statement's cost estimate is huge although it
+-- runs in milliseconds: never let JIT compile it.
+SET jit = off
+-- One plan for every call.  Left to choose, the plan cache keeps planning
+-- the statement afresh at each call (the generic plan's estimate never
+-- looks cheaper than a custom one), which cost two thirds of a claim; the
+-- generic plan is the same plan.
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    walk_endpoints int;     -- how many endpoints the walk looks for
+BEGIN
+    IF batch IS NULL OR batch < 1 OR per_endpoint IS NULL OR per_endpoint < 1 THEN
+        RAISE EXCEPTION 'batch and per_endpoint must be at least 1'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF lease IS NULL OR lease <= interval '0' THEN
+        RAISE EXCEPTION 'lease must be positive' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF park_max IS NULL OR park_max < 0 THEN
+        RAISE EXCEPTION 'park_max must not be negative' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- (NaN is above every number here, so it fails each of these too)
+    IF park_after IS NULL OR NOT (park_after >= 0 AND park_after <= 'Infinity')
+       OR cap_wait IS NULL OR NOT (cap_wait >= 0 AND cap_wait <= 366 * 86400.0)
+       OR unclaimable_wait IS NULL
+       OR NOT (unclaimable_wait >= 0 AND unclaimable_wait <= 366 * 86400.0) THEN
+        RAISE EXCEPTION 'park_after must be zero or more, cap_wait and unclaimable_wait between 0 and a year of seconds'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    walk_endpoints := greatest(8, 2 * ceil(batch::float8 / per_endpoint)::int);
+
+    RETURN QUERY
+    WITH head AS MATERIALIZED (
+        SELECT f.endpoint, f.limits, f.inflight_key, f.n, f.place
+        FROM (SELECT q.*, row_number() OVER () AS place    -- its row in the walk
+              FROM (SELECT e.endpoint, e.limits, e.inflight_key,
+                           ratebucket.bucket_claimable(e.endpoint, per_endpoint,
+                                                       configured_only => true) AS n
+                    FROM webhook_events e
+                    WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+                      -- an endpoint parked 2 s ahead already: met below,
+                      -- not in the way of the endpoints behind it
+                      AND NOT EXISTS (SELECT FROM webhook_parking c
+                                      WHERE c.endpoint = e.endpoint
+                                        AND c.parked_until > now() + interval '2 s')
+                    ORDER BY e.priority DESC, e.next_attempt_at
+                    LIMIT 20 * batch) q) f
+        WHERE f.n IS NOT NULL
+        LIMIT walk_endpoints
+    ), walk AS MATERIALIZED (
+        -- the head, then endpoints whose parked events are due, oldest
+        -- parking first: parked behind a backlog, the head may not reach them
+        SELECT h.endpoint, h.limits, h.inflight_key, h.n, h.place, row_number() OVER () AS pos
+        FROM (SELECT hd.endpoint, hd.limits, hd.inflight_key, hd.n, hd.place FROM head hd
+              UNION ALL
+              SELECT b.endpoint, b.limits, b.inflight_key, b.n, NULL
+              FROM (SELECT x.endpoint, x.limits, x.inflight_key,
+                           ratebucket.bucket_claimable(x.endpoint, per_endpoint,
+                                                       configured_only => true) AS n
+                    FROM (SELECT y.endpoint, y.limits, y.inflight_key
+                          FROM webhook_parking p
+                          CROSS JOIN LATERAL (
+                              SELECT e.endpoint, e.limits, e.inflight_key,
+                                     e.priority, e.next_attempt_at
+                              FROM webhook_events e
+                              WHERE e.endpoint = p.endpoint
+                                AND e.status = 'pending' AND e.next_attempt_at <= now()
+                              ORDER BY e.priority DESC, e.next_attempt_at
+                              LIMIT 1) y
+                          WHERE p.endpoint NOT IN (SELECT hd2.endpoint FROM head hd2)
+                          ORDER BY y.priority DESC, y.next_attempt_at
+                          LIMIT walk_endpoints) x) b
+              WHERE b.n IS NOT NULL) h
+    ), sized AS MATERIALIZED (
+        SELECT v.endpoint, v.limits, v.inflight_key, v.pos,
+               -- least ignores NULL: no limits, no cap
+               least(v.n, v.limits_n, v.free) AS n,
+               -- every limit and the cap are configured (the endpoint is:
+               -- the walk passed over endpoints that are not)
+               NOT v.limits_unconfigured
+                   AND (v.inflight_key IS NULL OR v.free IS NOT NULL)
+                   -- a striped bucket is taken alone, never with limits
+                   AND NOT v.striped_with_limits AS configured,
+               v.free = 0 AS cap_full
+        FROM (SELECT w.endpoint, w.limits, w.inflight_key, w.pos, w.n,
+                     l.n AS limits_n, l.unconfigured AS limits_unconfigured,
+                     CASE WHEN w.inflight_key IS NOT NULL THEN
+                         claim_cap_free(w.inflight_key) END AS free,
+                     CASE WHEN cardinality(w.limits) > 0 OR w.inflight_key IS NOT NULL THEN
+                         (SELECT coalesce(bool_or(i.striped), false)
+                          FROM claim_bucket_info(ARRAY[w.endpoint] || w.limits) i)
+                         ELSE false END AS striped_with_limits
+              FROM walk w
+              CROSS JOIN LATERAL (
+                  SELECT min(g.n) AS n, coalesce(bool_or(g.n IS NULL), false) AS unconfigured
+                  FROM unnest(w.limits) AS k(key)
+                  CROSS JOIN LATERAL (SELECT ratebucket.bucket_grantable(k.key, per_endpoint) AS n) g) l
+             ) v
+    ), heads AS (
+        SELECT r.endpoint, r.limits, r.inflight_key, r.pos, least(r.n, batch - r.before) AS n
+        FROM (SELECT z.endpoint, z.limits, z.inflight_key, z.pos, z.n,
+                     sum(z.n) OVER (ORDER BY z.pos) - z.n AS before
+              FROM sized z
+              WHERE z.n > 0 AND z.configured) r
+        WHERE r.before < batch
+    ), locked AS (
+        SELECT x.id, x.endpoint, x.limits, x.inflight_key, x.priority, x.next_attempt_at, hd.pos
+        FROM heads hd
+        CROSS JOIN LATERAL (
+            SELECT e.id, e.endpoint, e.limits, e.inflight_key, e.priority, e.next_attempt_at
+            FROM webhook_events e
+            WHERE e.endpoint = hd.endpoint
+              -- the head's limits and cap, in a CASE: the planner cannot
+              -- estimate it and counts half the rows.  (Estimated as plain
+              -- conditions, at a fraction of a percent, they made it sort
+              -- every due event of the endpoint instead of reading the
+              -- index in order up to the LIMIT.)
+              AND CASE WHEN e.limits = hd.limits
+                            AND e.inflight_key IS NOT DISTINCT FROM hd.inflight_key
+                       THEN true ELSE false END
+              AND e.status = 'pending' AND e.next_attempt_at <= now()
+            ORDER BY e.priority DESC, e.next_attempt_at
+            LIMIT hd.n
+            FOR UPDATE SKIP LOCKED) x
+    ), batches AS MATERIALIZED (
+        SELECT l.endpoint, l.limits, l.inflight_key,
+               array_agg(l.id ORDER BY l.priority DESC, l.next_attempt_at, l.id) AS ids,
+               row_number() OVER (ORDER BY l.pos) AS req
+        FROM locked l
+        GROUP BY l.endpoint, l.limits, l.inflight_key, l.pos
+    ), to_park AS MATERIALIZED (
+        -- one claim at a time parks an endpoint: another one passes over it
+        SELECT p.endpoint, p.limits, p.inflight_key, p.wait, p.rate
+        FROM (SELECT z.endpoint, z.limits, z.inflight_key,
+                     greatest(max(ratebucket.bucket_wait(k.key)),
+                              CASE WHEN bool_or(z.cap_full) THEN cap_wait ELSE 0 END) AS wait,
+                     min(i.effective_rate) FILTER (WHERE i.effective_rate > 0) AS rate
+              FROM sized z
+              CROSS JOIN LATERAL unnest(ARRAY[z.endpoint] || z.limits) AS k(key)
+              -- the rates of every bucket to park, in one call
+              LEFT JOIN claim_bucket_info((
+                  SELECT array_agg(DISTINCT k2.key)
+                  FROM sized z2
+                  CROSS JOIN LATERAL unnest(ARRAY[z2.endpoint] || z2.limits) AS k2(key)
+                  WHERE z2.n = 0 AND z2.configured)) i ON i.key = k.key
+              WHERE z.n = 0 AND z.configured
+              GROUP BY z.endpoint, z.limits, z.inflight_key) p
+        -- (one condition: the lock is tried only for endpoints to park)
+        WHERE CASE WHEN p.wait > 0 AND p.wait >= park_after
+                        -- paced at more than a token a second, its next
+                        -- token within a minute: not when its parked events
+                        -- reach 2 s past its next token already (they would
+                        -- keep a pace the rate may leave)
+                        AND NOT (p.rate > 1 AND p.wait < 60 AND EXISTS (
+                            SELECT FROM webhook_parking c
+                            WHERE c.endpoint = p.endpoint
+                              AND c.parked_until > now() + make_interval(secs =>
+                                      least(p.wait, 366 * 86400.0) + 2)))
+                   THEN pg_try_advisory_xact_lock(hashtext('claim_events: parking'),
+                                                  hashtext(p.endpoint))
+                   ELSE false END
+    ), park_rows AS MATERIALIZED (
+        SELECT p.endpoint, x.id, x.k, count(*) OVER (PARTITION BY p.endpoint) AS c
+        FROM to_park p
+        CROSS JOIN LATERAL (
+            SELECT y.id, row_number() OVER () AS k
+            FROM (SELECT e2.id
+                  FROM webhook_events e2
+                  WHERE e2.endpoint = p.endpoint
+                    AND CASE WHEN e2.limits = p.limits      -- as in locked
+                                  AND e2.inflight_key IS NOT DISTINCT FROM p.inflight_key
+                             THEN true ELSE false END
+                    AND e2.status = 'pending' AND e2.next_attempt_at <= now()
+                  ORDER BY e2.priority DESC, e2.next_attempt_at
+                  -- the chunk: see 6 above; paced at more than a token a second,
+                  -- its next token within a minute, at most 2 s of its tokens (at
+                  -- least per_endpoint), so that the next chunk follows the rate as
+                  -- feedback moves it
+                  LIMIT least(park_max,
+                              CASE WHEN p.rate > 1 AND p.wait < 60
+                                   THEN greatest(per_endpoint, ceil(least(p.rate, 1e9) * 2))::int END, (
+                      SELECT CASE WHEN count(*) < walk_endpoints
+                                  THEN park_max
+                                  ELSE greatest(per_endpoint * count(*)
+                                                    / greatest(count(*) FILTER (WHERE w.n > 0), 1),
+                                                max(w.place) - count(*)) END
+                      FROM walk w WHERE w.place IS NOT NULL))
+                  FOR UPDATE SKIP LOCKED) y) x
+    ), cursors AS (                 -- where each endpoint's parked events go
+        INSERT INTO webhook_parking AS c (endpoint, parked_from, parked_until, rate, parked)
+        SELECT p.endpoint, now() + make_interval(secs => least(p.wait, 366 * 86400.0)),
+               now() + make_interval(secs => least(
+                   p.wait + CASE WHEN p.rate > 0 THEN (r.c - 1) / p.rate ELSE 0 END,
+                   366 * 86400.0)),
+               p.rate, r.c
+        FROM to_park p
+        JOIN (SELECT pr.endpoint, max(pr.c) AS c FROM park_rows pr GROUP BY pr.endpoint) r
+          ON r.endpoint = p.endpoint
+        ON CONFLICT (endpoint) DO UPDATE
+        -- After the events parked before, one token after the last (or from
+        -- the next token, if later; from the next token once the last has come
+        -- due: it may be the very event parked again, refused the token that a
+        -- late take before it put off), the events still parked ahead counted
+        -- at the rate in force now: when the rate rose since they were parked
+        -- (a recovery from feedback), the new ones follow at the new pace, not
+        -- behind events spaced at the old one.  A rate more than half as fast
+        -- again (a reconfiguration) starts from the next token.
+        SET parked_from = CASE
+                WHEN excluded.rate > 0 AND excluded.rate <= 1.5 * c.rate THEN
+                    least(greatest(excluded.parked_from,
+                                   now() + make_interval(secs => least(
+                                       (greatest(extract(epoch FROM c.parked_until - now()), 0) * c.rate
+                                        + CASE WHEN c.parked_until > now() THEN 1 ELSE 0 END) / excluded.rate,
+                                       366 * 86400.0))),
+                          now() + interval '366 days')
+                ELSE excluded.parked_from END,
+            parked_until = CASE
+                WHEN excluded.rate > 0 AND excluded.rate <= 1.5 * c.rate THEN
+                    least(greatest(excluded.parked_until,
+                                   now() + make_interval(secs => least(
+                                       (greatest(extract(epoch FROM c.parked_until - now()), 0) * c.rate
+                                        + CASE WHEN c.parked_until > now() THEN 1 ELSE 0 END
+                                        + excluded.parked - 1) / excluded.rate,
+                                       366 * 86400.0))),
+                          now() + interval '366 days')
+                ELSE excluded.parked_until END,
+            rate = excluded.rate, parked = excluded.parked
+        RETURNING c.endpoint, c.parked_from, c.rate
+    ), parked AS (
+        UPDATE webhook_events e
+        SET next_attempt_at = least(
+                cu.parked_from + make_interval(secs =>
+                    CASE WHEN cu.rate > 0 THEN least((pr.k - 1) / cu.rate, 366 * 86400.0)
+                         ELSE 0 END),
+                now() + interval '366 days')
+        FROM park_rows pr
+        JOIN cursors cu ON cu.endpoint = pr.endpoint
+        WHERE e.id = pr.id
+        RETURNING 1
+    ), taken AS MATERIALIZED (        -- the one call, whatever the join below
+        SELECT t.request, t.granted, t.wait_seconds, t.slots
+        FROM ratebucket.bucket_take_batch((
+                 SELECT array_agg(ROW(ARRAY(SELECT DISTINCT k       -- each bucket once
+                                            FROM unnest(ARRAY[b.endpoint] || b.limits) AS k),
+                                      cardinality(b.ids),
+                                      b.inflight_key)::ratebucket.batch_request
+                                  ORDER BY b.req)
+                 FROM batches b
+                 -- after the parking: the buckets stay locked from here to
+                 -- the commit, and other claims wait for them meanwhile
+                 WHERE (SELECT count(*) FROM parked) >= 0)) t
+    ), grants AS MATERIALIZED (
+        SELECT b.endpoint, b.ids, t.granted, t.wait_seconds, t.slots
+        FROM taken t JOIN batches b ON b.req = t.request
+    ), deferred AS (
+        UPDATE webhook_events e
+        SET next_attempt_at = now() + make_interval(secs => g.wait_seconds)
+        FROM grants g
+        WHERE e.id = ANY (g.ids[g.granted + 1:])
+    )
+    UPDATE webhook_events e
+    SET status = 'sending', lease_until = now() + lease,
+        slot = g.slots[array_position(g.ids, e.id)]
+    FROM grants g
+    WHERE e.id = ANY (g.ids[1:g.granted])
+    RETURNING e.id, e.endpoint, e.attempts, e.payload, e.lease_until;
+
+    -- 10. set aside what blocks the walk: only if the walk, run again, meets
+    -- an endpoint without a configuration, or one whose first event has
+    -- limits or a cap (its events may be left alone).  Otherwise nothing
+    -- left alone is in its way, and this step would read 20 x batch rows
+    -- and peek every endpoint among them for nothing.  (Two peeks per
+    -- endpoint: the first answers NULL for an endpoint without a
+    -- configuration, the second, without configured_only, does not.)
+    IF NOT FOUND AND (
+        SELECT bool_or(w.unconfigured OR cardinality(w.limits) > 0 OR w.inflight_key IS NOT NULL)
+        FROM (SELECT f.limits, f.inflight_key, f.n IS NULL AS unconfigured
+              FROM (SELECT e.limits, e.inflight_key,
+                           ratebucket.bucket_claimable(e.endpoint, 1,
+                                                       configured_only => true) AS n,
+                           ratebucket.bucket_claimable(e.endpoint, 1) AS first
+                    FROM webhook_events e
+                    WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+                    ORDER BY e.priority DESC, e.next_attempt_at
+                    LIMIT 20 * batch) f
+              WHERE f.first IS NOT NULL
+              LIMIT walk_endpoints) w) THEN
+        WITH head AS MATERIALIZED (
+            SELECT e.id, e.endpoint, e.limits, e.inflight_key
+            FROM webhook_events e
+            WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+            ORDER BY e.priority DESC, e.next_attempt_at
+            LIMIT 20 * batch
+        ), unclaimable AS (         -- what step 3 leaves alone, once a kind
+            SELECT g.endpoint, g.limits, g.inflight_key
+            FROM (SELECT DISTINCT h.endpoint, h.limits, h.inflight_key FROM head h) g
+            WHERE ratebucket.bucket_grantable(g.endpoint, 1) IS NULL
+               OR EXISTS (SELECT 1 FROM unnest(g.limits) AS k(key)
+                          WHERE ratebucket.bucket_grantable(k.key, 1) IS NULL)
+               OR (g.inflight_key IS NOT NULL AND claim_cap_free(g.inflight_key) IS NULL)
+               OR ((cardinality(g.limits) > 0 OR g.inflight_key IS NOT NULL)
+                   AND EXISTS (SELECT 1
+                               FROM claim_bucket_info(ARRAY[g.endpoint] || g.limits) i
+                               WHERE i.striped))
+        ), aside AS (
+            SELECT y.id, row_number() OVER (ORDER BY y.priority DESC, y.next_attempt_at, y.id) AS k
+            FROM (SELECT e.id, e.priority, e.next_attempt_at
+                  FROM webhook_events e
+                  WHERE e.id IN (SELECT h.id
+                                 FROM head h
+                                 JOIN unclaimable u
+                                   ON u.endpoint = h.endpoint AND u.limits = h.limits
+                                  AND u.inflight_key IS NOT DISTINCT FROM h.inflight_key)
+                    AND e.status = 'pending' AND e.next_attempt_at <= now()
+                  FOR UPDATE SKIP LOCKED) y
+        )
+        UPDATE webhook_events e
+        SET next_attempt_at = now() + make_interval(secs => unclaimable_wait + a.k * 1e-6)
+        FROM aside a
+        WHERE e.id = a.id;
+    END IF;
+END
+$$;
+
+-- The delay before retrying after a failure: 0.5 s doubling per attempt, at
+-- most 30 s.  (A 429's cooldown comes from the destination instead.)
+CREATE FUNCTION retry_backoff(attempts int) RETURNS float8
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$ SELECT least(30.0, 0.5 * 2 ^ least(greatest(attempts - 1, 0), 10)) $$;
+
+-- record_delivery: what came back for one claimed event.  Call it for every
+-- event of a batch in one transaction, after the requests, never during,
+-- and take that transaction's locks in the claim's order: first lock all the
+-- batch's events (SELECT ... WHERE id = ANY (...) ORDER BY id FOR UPDATE),
+-- then call record_delivery in endpoint order.  record_delivery locks its
+-- event, then its bucket; called one after the other without that first
+-- lock, a batch would hold bucket A while waiting for an event that a
+-- concurrent claim holds while it waits for bucket A (a claim's FOR UPDATE
+-- SKIP LOCKED keeps the lock on a row that another worker claimed since its
+-- snapshot): a deadlock, found only after deadlock_timeout.
+--
+-- http_status NULL means no response (timeout, reset, refused); sent false
+-- means the request never left (could not connect): then the attempt does
+-- not count.  The destination's answer always goes to bucket_observe (its
+-- cooldowns, rate and breaker); the event is then
+--   2xx                 delivered;
+--   429, 503 + Retry-After, failures (5xx, timeouts): pending again, due
+--                       after the cooldown or a backoff, up to max_attempts;
+--   other statuses      (4xx: the request's own fault) failed at once.
+-- Returns the outcome; 'stale' if the event is no longer this worker's
+-- (its lease expired and it went back to the queue: the destination's answer
+-- is still observed), or 'missing' if it was deleted meanwhile (nothing is
+-- recorded: its endpoint is no longer known).  Pass claimed_lease, the
+-- lease_until claim_events returned with the event: without it, an outcome
+-- recorded after the event was requeued and claimed again by another worker
+-- would be taken for that worker's (and free its in-flight slot).  Pass
+-- sent_at, when the request left (on the database's clock): a 429 then
+-- lowers the endpoint's rate only if the request was sent after its last
+-- throttle episode, however late its answer is recorded.
+CREATE FUNCTION record_delivery(
+    event_id bigint,
+    http_status int,
+    retry_after text DEFAULT NULL,
+    headers jsonb DEFAULT NULL,
+    sent boolean DEFAULT true,
+    max_attempts int DEFAULT 25,
+    claimed_lease timestamptz DEFAULT NULL,
+    sent_at timestamptz DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+DECLARE
+    ev       webhook_events;
+    fb       record;
+    tries    int;
+    delay    float8;
+BEGIN
+    SELECT * INTO ev FROM webhook_events WHERE id = event_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'missing';
+    END IF;
+
+    -- what the destination said is true whatever became of the lease
+    SELECT * INTO fb
+    FROM ratebucket.bucket_observe(ev.endpoint, http_status, retry_after, headers, sent_at);
+
+    -- Not this worker's claim any more: the lease ran out, the event went
+    -- back to the queue, and maybe another worker holds it now, with a
+    -- slot of its own that this outcome must not free.
+    IF ev.status <> 'sending' OR ev.lease_until IS DISTINCT FROM
+                                 coalesce(claimed_lease, ev.lease_until) THEN
+        RETURN 'stale';
+    END IF;
+
+    -- the request is over: its in-flight slot is free
+    IF ev.slot IS NOT NULL THEN
+        PERFORM ratebucket.inflight_release(ev.inflight_key, ARRAY[ev.slot]);
+    END IF;
+
+    tries := ev.attempts + CASE WHEN sent THEN 1 ELSE 0 END;
+
+    IF fb.outcome = 'success' THEN
+        UPDATE webhook_events
+        SET status = 'delivered', attempts = tries, last_status = http_status,
+            delivered_at = clock_timestamp(), lease_until = NULL, slot = NULL
+        WHERE id = event_id;
+    ELSIF fb.outcome = 'neutral' OR tries >= max_attempts THEN
+        UPDATE webhook_events
+        SET status = 'failed', attempts = tries, last_status = http_status,
+            lease_until = NULL, slot = NULL
+        WHERE id = event_id;
+    ELSE
+        delay := greatest(coalesce(fb.cooldown_seconds, 0),
+                          CASE WHEN fb.outcome = 'failure'
+                               THEN retry_backoff(tries) ELSE 0 END);
+        UPDATE webhook_events
+        SET status = 'pending', attempts = tries, last_status = http_status,
+            next_attempt_at = clock_timestamp() + make_interval(secs => delay),
+            lease_until = NULL, slot = NULL
+        WHERE id = event_id;
+    END IF;
+    RETURN fb.outcome;
+END $$;
+
+-- next_due: seconds until a claim could find something (0: now; NULL:
+-- nothing pending).  For each endpoint (and set of limits) with pending
+-- events, the latest of its first due event, its bucket's next token and
+-- each of its limits' (ratebucket.bucket_wait, lock-free): a worker with
+-- nothing to claim sleeps that long, or until NOTIFY webhook_events says
+-- events arrived.  (A full in-flight cap has no such time: its slots free
+-- when outcomes are recorded.)
+CREATE FUNCTION next_due() RETURNS float8
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+SELECT greatest(0.0, min(greatest(
+           extract(epoch FROM p.due - clock_timestamp())::float8,
+           ratebucket.bucket_wait(p.endpoint),
+           (SELECT max(ratebucket.bucket_wait(k)) FROM unnest(p.limits) AS k))))
+FROM (SELECT e.endpoint, e.limits, min(e.next_attempt_at) AS due
+      FROM webhook_events e
+      WHERE e.status = 'pending'
+      GROUP BY e.endpoint, e.limits) p
+HAVING count(*) > 0
+$$;
+
+-- requeue_expired: events whose lease ran out (their worker died or hung)
+-- go back to the queue, and their in-flight slots are freed.  Whether the
+-- request left is unknown: the attempt is not counted, and the event may be
+-- delivered twice (at least once).
+CREATE FUNCTION requeue_expired() RETURNS bigint
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+WITH expired AS MATERIALIZED (   -- in id order, as a batch's record locks them
+    SELECT id, inflight_key, slot FROM webhook_events
+    WHERE status = 'sending' AND lease_until < now()
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+), freed AS (
+    SELECT ratebucket.inflight_release(x.inflight_key, array_agg(x.slot)) AS n
+    FROM expired x
+    WHERE x.slot IS NOT NULL
+    GROUP BY x.inflight_key
+), r AS (
+    UPDATE webhook_events e
+    SET status = 'pending', lease_until = NULL, next_attempt_at = now(), slot = NULL
+    FROM expired x
+    WHERE e.id = x.id
+    RETURNING 1
+), forgotten AS (   -- parking cursors no claim needs any more (claim_events, 6)
+    DELETE FROM webhook_parking p
+    WHERE p.endpoint IN (SELECT c.endpoint FROM webhook_parking c
+                         WHERE c.parked_until < now() - interval '1 hour'
+                         FOR UPDATE SKIP LOCKED))
+SELECT count(*) FROM r WHERE (SELECT count(*) FROM freed) >= 0
+$$;
+
+-- events_left: events not yet delivered or failed: in flight, or pending
+-- and due before "before" (NULL: whenever).  A run that must end by a
+-- deadline passes it: events a spent daily quota holds until its reset are
+-- not left for that run.
+CREATE FUNCTION events_left(before timestamptz DEFAULT NULL) RETURNS bigint
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+SELECT count(*) FROM webhook_events
+WHERE status = 'sending'
+   OR (status = 'pending' AND (before IS NULL OR next_attempt_at < before))
+$$;
+
+-- explain_event: why an event is not being sent, one row per thing that
+-- holds it, each with when it lets go (NULL: not known, or never by
+-- itself), and what to do; one row 'due' when nothing does.  For each
+-- bucket the event takes from (its endpoint, then its limits): 'not
+-- configured' (the claim leaves it alone), 'paused', 'breaker open',
+-- 'cooldown', 'quota spent', 'no tokens'; then its in-flight cap ('cap
+-- full'); then its own time ('not due': parked until its token comes, or
+-- waiting out a retry's backoff).  An event in flight is 'leased' (until
+-- its lease ends), a finished one 'delivered' or 'failed'.  The figures
+-- are ratebucket's at the moment of the call (bucket_status, inflight_status,
+-- and buckets for the end of a pause): the caller needs to read them.
+CREATE FUNCTION explain_event(event_id bigint)
+RETURNS TABLE (reason text, key text, until timestamptz, detail text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+DECLARE
+    e webhook_events;
+    b record;
+    c record;
+    k text;
+    now_ timestamptz := clock_timestamp();
+    held boolean := false;
+BEGIN
+    IF event_id IS NULL THEN
+        RAISE EXCEPTION 'event_id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO e FROM webhook_events w WHERE w.id = event_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no event % in webhook_events', event_id USING ERRCODE = 'no_data_found';
+    END IF;
+    IF e.status IN ('delivered', 'failed') THEN
+        RETURN QUERY SELECT e.status, NULL::text, NULL::timestamptz,
+            format('finished after %s attempt(s), last status %s', e.attempts,
+                   coalesce(e.last_status::text, 'none'));
+        RETURN;
+    END IF;
+    IF e.status = 'sending' THEN
+        RETURN QUERY SELECT 'leased'::text, NULL::text, e.lease_until,
+            'claimed by a worker: in flight until it records the outcome, or back in the queue '
+            'once the lease ends (requeue_expired)'::text;
+        RETURN;
+    END IF;
+
+    -- its buckets, each once, in the order the event names them
+    FOR k IN SELECT t.u FROM unnest(ARRAY[e.endpoint] || e.limits) WITH ORDINALITY t(u, o)
+             GROUP BY t.u ORDER BY min(t.o) LOOP
+        SELECT s.configured, s.paused, s.breaker, s.breaker_seconds, s.cooldown_seconds,
+               s.tokens, s.effective_rate, s.quota, s.quota_remaining, s.quota_resets_at,
+               p.paused_until
+        INTO b
+        FROM ratebucket.bucket_status s
+        LEFT JOIN ratebucket.buckets p ON p.endpoint = s.endpoint
+        WHERE s.endpoint = k;
+        IF NOT FOUND OR NOT b.configured THEN
+            held := true;
+            RETURN QUERY SELECT 'not configured'::text, k, NULL::timestamptz,
+                'no limits stored for it: the claim leaves the event alone until '
+                'ratebucket.bucket_configure sets them'::text;
+            CONTINUE;
+        END IF;
+        IF b.paused THEN
+            held := true;
+            RETURN QUERY SELECT 'paused'::text, k,
+                CASE WHEN b.paused_until < 'infinity' THEN b.paused_until END,
+                'paused by ratebucket.bucket_pause: ratebucket.bucket_resume ends it'::text;
+        ELSIF b.breaker = 'open' THEN
+            held := true;
+            RETURN QUERY SELECT 'breaker open'::text, k,
+                now_ + make_interval(secs => b.breaker_seconds),
+                'its circuit breaker opened on failures; half-open then: one probe goes'::text;
+        ELSIF b.cooldown_seconds > 0 THEN
+            held := true;
+            RETURN QUERY SELECT 'cooldown'::text, k,
+                now_ + make_interval(secs => b.cooldown_seconds),
+                'the destination asked for a pause (a 429 or a 503 with Retry-After)'::text;
+        ELSIF b.quota IS NOT NULL AND b.quota_remaining < 1 THEN
+            held := true;
+            RETURN QUERY SELECT 'quota spent'::text, k, b.quota_resets_at,
+                format('its quota of %s is used up until it resets', b.quota);
+        ELSIF b.quota IS NULL AND b.tokens < 1 THEN
+            held := true;
+            RETURN QUERY SELECT 'no tokens'::text, k,
+                CASE WHEN b.effective_rate > 0
+                     THEN now_ + make_interval(secs => (1 - b.tokens) / b.effective_rate) END,
+                format('%s tokens now, refilling at %s/s', round(b.tokens::numeric, 3),
+                       round(b.effective_rate::numeric, 3));
+        END IF;
+    END LOOP;
+
+    IF e.inflight_key IS NOT NULL THEN
+        SELECT i.cap, i.in_flight, i.oldest, i.lease INTO c
+        FROM ratebucket.inflight_status i WHERE i.key = e.inflight_key;
+        IF NOT FOUND THEN
+            held := true;
+            RETURN QUERY SELECT 'not configured'::text, e.inflight_key, NULL::timestamptz,
+                'no in-flight cap stored for it: the claim leaves the event alone until '
+                'ratebucket.inflight_configure sets it'::text;
+        ELSIF c.in_flight >= c.cap THEN
+            held := true;
+            RETURN QUERY SELECT 'cap full'::text, e.inflight_key, c.oldest + c.lease,
+                format('%s of %s slots in flight: one frees when its outcome is recorded, '
+                       'or at the latest when the oldest lease ends', c.in_flight, c.cap);
+        END IF;
+    END IF;
+
+    IF e.next_attempt_at > now_ THEN
+        held := true;
+        RETURN QUERY SELECT 'not due'::text, NULL::text, e.next_attempt_at,
+            CASE WHEN e.attempts > 0
+                 THEN format('waiting out the backoff after attempt %s', e.attempts)
+                 ELSE 'parked until its token comes, or enqueued for then' END;
+    END IF;
+    IF NOT held THEN
+        RETURN QUERY SELECT 'due'::text, NULL::text, now_,
+            'nothing holds it: the next claim that reaches it sends it'::text;
+    END IF;
+END $$;
+
+-- event_waits: explain_event for every event pending or in flight.  Filter
+-- it (WHERE endpoint = ..., or event_id = ...): over a whole backlog it
+-- calls explain_event once per event.
+CREATE VIEW event_waits AS
+SELECT e.id AS event_id, e.endpoint, x.reason, x.key, x.until, x.detail
+FROM webhook_events e
+CROSS JOIN LATERAL explain_event(e.id) x
+WHERE e.status IN ('pending', 'sending');
+
+COMMENT ON TABLE webhook_events IS
+'The delivery queue: one row per event to send to its endpoint (a ratebucket bucket key), with its priority, state (pending, sending, delivered, failed), next attempt time, attempts made, other buckets it takes tokens from (limits) and in-flight cap.';
+COMMENT ON TABLE webhook_parking IS
+'Per throttled endpoint, where its parked events end and at what pace (claim_events parks the next ones after them).';
+COMMENT ON FUNCTION claim_events(int, int, interval, float8, int, float8, float8) IS
+'Claim up to batch due events, at most per_endpoint of each endpoint, only those whose endpoint and limits have tokens (and cap a slot): tokens and slots are spent only on the events returned, each leased until lease_until. Events of endpoints without tokens are parked until their tokens come. READ COMMITTED; call it alone in its transaction.';
+COMMENT ON FUNCTION record_delivery(bigint, int, text, jsonb, boolean, int, timestamptz, timestamptz) IS
+'Record the outcome of one claimed event (lock the batch''s events in id order first): the answer goes to ratebucket.bucket_observe; the event is delivered on 2xx, pending again after the cooldown or a backoff on 429, 503 with Retry-After or a failure, failed on another status or after max_attempts; its slot is freed. Returns the outcome, stale if the event is no longer this claim''s (pass claimed_lease), missing if it was deleted.';
+COMMENT ON FUNCTION next_due() IS
+'Seconds until a claim could find something (an event falls due, a bucket refills); NULL when nothing is pending.';
+COMMENT ON FUNCTION requeue_expired() IS
+'Put events whose lease ran out (their worker died) back in the queue, their attempt not counted, and free their slots; forget parking cursors an hour past. Returns the events requeued.';
+COMMENT ON FUNCTION events_left(timestamptz) IS
+'Events in flight, or pending and due before "before" (NULL: whenever).';
+COMMENT ON FUNCTION explain_event(bigint) IS
+'Why an event is not being sent: one row per thing that holds it (not configured, paused, breaker open, cooldown, quota spent, no tokens, cap full, not due, leased), with the key it concerns and when it lets go; one row due when nothing does.';
+COMMENT ON VIEW event_waits IS
+'explain_event for every event pending or in flight: filter it by endpoint or event_id.';
