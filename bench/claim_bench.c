@@ -18,6 +18,19 @@
  *                 COMMIT
  *               -l sends the EVALSHAs of one batch as one pipeline instead.
  *
+ * -I ROWS makes each mode the whole pipeline a sender runs per event:
+ * enqueue, claim, record.  Each round, a worker first inserts as many events
+ * as one claim asks for (-b, or -e x -p), in INSERTs of ROWS rows (1: one
+ * per event; 100: one every other round at a batch of 50), to endpoints with
+ * tokens (bench_endpoints.ready) in turn; then claims as its mode does; then
+ * records every claimed event as delivered, in its own transaction:
+ *   plain, redis  UPDATE webhook_events SET status = 'delivered', ...
+ *                   WHERE id = ANY(<claimed>)
+ *   ratebucket    BEGIN; lock the batch's events in id order (FOR UPDATE);
+ *                 record_delivery(id, 200, claimed_lease => ...) for each,
+ *                 in endpoint order; COMMIT   (as doc/claim.md prescribes)
+ * and counts the events delivered.
+ *
  * Every statement is prepared (PQprepare) once per connection.  The rate and
  * capacity of each endpoint, for the Redis mode, come from the table
  * bench_endpoints (endpoint, rate, capacity), read once at start: what a
@@ -66,6 +79,8 @@ static const char *redis_host = "127.0.0.1";
 static int redis_port = 6379;
 static const char *sha = NULL;
 static int pipelined = 0;
+static int insert_rows = 0;		/* -I: the pipeline, ROWS rows per INSERT */
+static char *insert_endpoints;	/* the endpoints it inserts for, {a,b,...} */
 
 /* Endpoint limits for the Redis mode, sorted by endpoint for bsearch. */
 typedef struct endpoint_limits
@@ -93,6 +108,10 @@ typedef struct worker
 	long		locked;			/* events locked (redis mode: checked in Redis) */
 	long		refused;		/* redis mode: events Redis refused, deferred */
 	long		retries;		/* claims rolled back on deadlock/serialization */
+	long		inserted;		/* pipeline: events enqueued */
+	long		delivered;		/* pipeline: events recorded as delivered */
+	long		owed;			/* pipeline: events to insert, not inserted yet */
+	long		next_endpoint;	/* pipeline: where its inserts go next */
 	int			failed;
 	char		error[512];
 } worker;
@@ -124,6 +143,28 @@ static const char redis_grant_sql[] =
 	"UPDATE webhook_events "
 	"SET status = 'sending', lease_until = now() + interval '30 s' "
 	"WHERE id = ANY ($1::bigint[])";
+
+/* The pipeline's statements. */
+static const char insert_sql[] =
+	"INSERT INTO webhook_events (endpoint) "
+	"SELECT ($1::text[])[1 + g % cardinality($1::text[])] "
+	"FROM generate_series($2::bigint, $2::bigint + $3::int - 1) AS g";
+
+static const char deliver_sql[] =
+	"UPDATE webhook_events "
+	"SET status = 'delivered', attempts = attempts + 1, last_status = 200, "
+	"    delivered_at = clock_timestamp(), lease_until = NULL "
+	"WHERE id = ANY ($1::bigint[])";
+
+static const char record_lock_sql[] =
+	"SELECT id FROM webhook_events WHERE id = ANY ($1::bigint[]) ORDER BY id FOR UPDATE";
+
+static const char record_sql[] =
+	"SELECT count(*) FILTER (WHERE x.outcome = 'success') FROM ("
+	"  SELECT record_delivery(r.id, 200, claimed_lease => r.lease) AS outcome "
+	"  FROM unnest($1::bigint[], $2::timestamptz[]) AS r(id, lease) "
+	"  JOIN webhook_events e ON e.id = r.id "
+	"  ORDER BY e.endpoint, r.id) x";
 
 static const char redis_defer_sql[] =
 	"UPDATE webhook_events e "
@@ -450,6 +491,147 @@ rollback:
 	}
 }
 
+/* A statement that returns rows, all of them wanted: NULL on failure. */
+static PGresult *
+query_rows(worker *w, const char *name, int nparams, const char *const *params,
+		   int *retry)
+{
+	PGresult   *res = PQexecPrepared(w->pg, name, nparams, params, NULL, NULL, 0);
+
+	if (PQresultStatus(res) == PGRES_TUPLES_OK)
+		return res;
+	if (retry && is_retryable(res))
+		*retry = 1;
+	else
+		fail(w, "worker %d: %s: %s", w->id, name, PQerrorMessage(w->pg));
+	PQclear(res);
+	return NULL;
+}
+
+/* The pipeline, step 1: the events one claim asks for, ROWS per INSERT. */
+static void
+pipeline_enqueue(worker *w, long events)
+{
+	char		start[32],
+				rows[16];
+	const char *params[3] = {insert_endpoints, start, rows};
+
+	w->owed += events;
+	snprintf(rows, sizeof(rows), "%d", insert_rows);
+	while (!w->failed && w->owed >= insert_rows)
+	{
+		snprintf(start, sizeof(start), "%ld", w->next_endpoint);
+		if (!exec_command(w, "insert", 3, params, NULL))
+			return;
+		w->next_endpoint += insert_rows;
+		w->owed -= insert_rows;
+		w->inserted += insert_rows;
+	}
+}
+
+/* The pipeline, step 3: the claimed events ({id,...}, and their leases) delivered. */
+static void
+pipeline_record(worker *w, const char *ids, const char *leases, long n)
+{
+	const char *params[2] = {ids, leases};
+	PGresult   *res;
+	int			retry = 0;
+
+	if (n == 0)
+		return;
+	if (mode != MODE_RATEBUCKET)
+	{
+		if (exec_command(w, "deliver", 1, params, NULL))
+			w->delivered += n;
+		return;
+	}
+	for (;;)
+	{
+		retry = 0;
+		if (!exec_command(w, "begin", 0, NULL, NULL))
+			return;
+		res = query_rows(w, "record_lock", 1, params, &retry);
+		if (res)
+		{
+			PQclear(res);
+			res = query_rows(w, "record", 2, params, &retry);
+		}
+		if (res)
+		{
+			long		done = strtol(PQgetvalue(res, 0, 0), NULL, 10);
+
+			PQclear(res);
+			if (exec_command(w, "commit", 0, NULL, &retry))
+			{
+				w->delivered += done;
+				return;
+			}
+		}
+		res = PQexec(w->pg, "ROLLBACK");
+		PQclear(res);
+		if (!retry)
+			return;
+		w->retries++;
+	}
+}
+
+/* One round of the pipeline: enqueue, claim, record. */
+static void
+pipeline_round(worker *w, const char *const *claim_params, strbuf *ids, strbuf *leases,
+			   strbuf *granted, strbuf *refused_ids, strbuf *refused_waits)
+{
+	long		n = 0;
+
+	pipeline_enqueue(w, mode == MODE_RATEBUCKET ? (long) max_endpoints * per_endpoint : batch);
+	if (w->failed)
+		return;
+	if (mode == MODE_REDIS)
+	{
+		long		before = w->events;
+
+		claim_redis(w, claim_params[0], granted, refused_ids, refused_waits);
+		n = w->events - before;
+		pipeline_record(w, granted->data, NULL, n);
+		return;
+	}
+	else
+	{
+		PGresult   *res = PQexecPrepared(w->pg, "claim", mode == MODE_RATEBUCKET ? 2 : 1,
+										 claim_params, NULL, NULL, 0);
+		int			i;
+
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		{
+			if (is_retryable(res))
+				w->retries++;
+			else
+				fail(w, "worker %d: claim: %s", w->id, PQerrorMessage(w->pg));
+			PQclear(res);
+			return;
+		}
+		n = PQntuples(res);
+		w->claims++;
+		w->events += n;
+		w->locked += n;
+		if (n == 0)
+			w->empty_claims++;
+		sb_reset(ids);
+		sb_reset(leases);
+		sb_printf(ids, "{");
+		sb_printf(leases, "{");
+		for (i = 0; i < n; i++)
+		{
+			sb_printf(ids, "%s%s", i ? "," : "", PQgetvalue(res, i, 0));
+			if (mode == MODE_RATEBUCKET)
+				sb_printf(leases, "%s\"%s\"", i ? "," : "", PQgetvalue(res, i, 2));
+		}
+		sb_printf(ids, "}");
+		sb_printf(leases, "}");
+		PQclear(res);
+	}
+	pipeline_record(w, ids->data, leases->data, n);
+}
+
 /* One claim of the mode, rolled back, and a PING to Redis. */
 static void
 warm_up(worker *w, const char *batch_param, const char *endpoints_param,
@@ -498,7 +680,9 @@ worker_main(void *arg)
 	const char *params[2];
 	strbuf		granted = {0},
 				refused_ids = {0},
-				refused_waits = {0};
+				refused_waits = {0},
+				ids = {0},
+				leases = {0};
 
 	snprintf(batch_param, sizeof(batch_param), "%d", batch);
 	snprintf(endpoints_param, sizeof(endpoints_param), "%d", max_endpoints);
@@ -508,6 +692,14 @@ worker_main(void *arg)
 	w->pg = PQconnectdb(conninfo);
 	if (PQstatus(w->pg) != CONNECTION_OK)
 		fail(w, "worker %d: connect: %s", w->id, PQerrorMessage(w->pg));
+	else if (insert_rows > 0 &&
+			 !(prepare(w, "insert", insert_sql, 3) &&
+			   (mode == MODE_RATEBUCKET
+				? (prepare(w, "begin", "BEGIN", 0) && prepare(w, "commit", "COMMIT", 0) &&
+				   prepare(w, "record_lock", record_lock_sql, 1) &&
+				   prepare(w, "record", record_sql, 2))
+				: prepare(w, "deliver", deliver_sql, 1))))
+		;						/* fail() said why */
 	else if (mode == MODE_PLAIN)
 		prepare(w, "claim", plain_sql, 1);
 	else if (mode == MODE_RATEBUCKET)
@@ -539,8 +731,24 @@ worker_main(void *arg)
 
 	pthread_barrier_wait(w->barrier);	/* the clock starts */
 
+	w->next_endpoint = (long) w->id * 7919;
 	while (!w->failed && !atomic_load(&stop_flag))
 	{
+		if (insert_rows > 0)
+		{
+			const char *claim_params[2];
+
+			if (mode == MODE_RATEBUCKET)
+			{
+				claim_params[0] = endpoints_param;
+				claim_params[1] = per_endpoint_param;
+			}
+			else
+				claim_params[0] = batch_param;
+			pipeline_round(w, claim_params, &ids, &leases, &granted, &refused_ids,
+						   &refused_waits);
+			continue;
+		}
 		switch (mode)
 		{
 			case MODE_PLAIN:
@@ -561,7 +769,34 @@ worker_main(void *arg)
 	free(granted.data);
 	free(refused_ids.data);
 	free(refused_waits.data);
+	free(ids.data);
+	free(leases.data);
 	return NULL;
+}
+
+/* The pipeline's endpoints: those of bench_endpoints with tokens, {a,b,...}. */
+static int
+load_insert_endpoints(void)
+{
+	PGconn	   *c = PQconnectdb(conninfo);
+	PGresult   *res;
+	int			ok = 0;
+
+	if (PQstatus(c) != CONNECTION_OK)
+		fprintf(stderr, "claim_bench: connect: %s", PQerrorMessage(c));
+	else
+	{
+		res = PQexec(c, "SELECT '{' || string_agg(endpoint, ',' ORDER BY endpoint) || '}' "
+					 "FROM bench_endpoints WHERE ready");
+		if (PQresultStatus(res) != PGRES_TUPLES_OK || PQgetisnull(res, 0, 0))
+			fprintf(stderr, "claim_bench: no endpoint with tokens in bench_endpoints: %s",
+					PQerrorMessage(c));
+		else if ((insert_endpoints = strdup(PQgetvalue(res, 0, 0))) != NULL)
+			ok = 1;
+		PQclear(res);
+	}
+	PQfinish(c);
+	return ok;
 }
 
 /* Read bench_endpoints (endpoint, rate, capacity) into the sorted array. */
@@ -627,7 +862,9 @@ usage(FILE *f)
 			"  -H HOST     redis host (127.0.0.1)\n"
 			"  -P PORT     redis port (6379)\n"
 			"  -S SHA      SHA1 of bench/token_bucket.lua, loaded with SCRIPT LOAD\n"
-			"  -l          redis: pipeline the EVALSHAs of one batch\n");
+			"  -l          redis: pipeline the EVALSHAs of one batch\n"
+			"  -I ROWS     the whole pipeline: enqueue (ROWS rows per INSERT), claim,\n"
+			"              record every claimed event as delivered\n");
 }
 
 static int
@@ -661,7 +898,9 @@ main(int argc, char **argv)
 				events = 0,
 				locked = 0,
 				refused = 0,
-				retries = 0;
+				retries = 0,
+				inserted = 0,
+				delivered = 0;
 	struct timespec nap;
 	char	   *end;
 	struct rusage ru;
@@ -688,7 +927,7 @@ main(int argc, char **argv)
 		return 2;
 	}
 	optind = 2;
-	while ((opt = getopt(argc, argv, "w:s:b:e:p:F:d:H:P:S:l")) != -1)
+	while ((opt = getopt(argc, argv, "w:s:b:e:p:F:d:H:P:S:lI:")) != -1)
 	{
 		switch (opt)
 		{
@@ -737,6 +976,9 @@ main(int argc, char **argv)
 			case 'l':
 				pipelined = 1;
 				break;
+			case 'I':
+				insert_rows = int_arg(optarg, "rows per insert", 1);
+				break;
 			default:
 				usage(stderr);
 				return 2;
@@ -748,7 +990,10 @@ main(int argc, char **argv)
 		return 2;
 	}
 	snprintf(ratebucket_sql, sizeof(ratebucket_sql),
-			 "SELECT id, endpoint FROM %s($1::int * $2::int, $2::int)", claim_function);
+			 "SELECT id, endpoint, lease_until FROM %s($1::int * $2::int, $2::int)",
+			 claim_function);
+	if (insert_rows > 0 && !load_insert_endpoints())
+		return 1;
 	if (mode == MODE_REDIS)
 	{
 		if (sha == NULL)
@@ -811,6 +1056,8 @@ main(int argc, char **argv)
 		locked += w->locked;
 		refused += w->refused;
 		retries += w->retries;
+		inserted += w->inserted;
+		delivered += w->delivered;
 		if (w->redis)
 			redisFree(w->redis);
 		PQfinish(w->pg);
@@ -819,12 +1066,14 @@ main(int argc, char **argv)
 	getrusage(RUSAGE_SELF, &ru);
 	printf("mode=%s%s workers=%d seconds=%.3f claims=%ld empty_claims=%ld "
 		   "events=%ld locked=%ld refused=%ld retries=%ld "
-		   "events_per_s=%.1f claims_per_s=%.1f ms_per_claim=%.3f client_cpu_s=%.3f\n",
+		   "events_per_s=%.1f claims_per_s=%.1f ms_per_claim=%.3f client_cpu_s=%.3f "
+		   "inserted=%ld delivered=%ld delivered_per_s=%.1f\n",
 		   mode_names[mode], (mode == MODE_REDIS && pipelined) ? "-pipelined" : "",
 		   nworkers, t1 - t0, claims, empty, events, locked, refused, retries,
 		   events / (t1 - t0), claims / (t1 - t0),
 		   claims ? 1000.0 * nworkers * (t1 - t0) / (double) claims : 0.0,
 		   (double) ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
-		   (double) ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6);
+		   (double) ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6,
+		   inserted, delivered, delivered / (t1 - t0));
 	return rc;
 }

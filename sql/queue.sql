@@ -209,6 +209,22 @@ SELECT pg_sleep(1.1);
 SELECT count(*) AS claimed FROM outbox.claim_events();
 RESET ratebucket.breaker_open;
 
+-- A parked event that came due less than a token before its token (the
+-- takes before it were late) is left due for the claim that comes with its
+-- token; one that came due longer ago than a token's time is parked again.
+-- m:pace: 2/s in bursts of 1, its token just taken (the next in 0.5 s).
+TRUNCATE outbox.webhook_events;
+TRUNCATE outbox.webhook_parking;
+SELECT ratebucket.bucket_configure('m:pace', 2, 1);
+SELECT (ratebucket.bucket_take('m:pace')).allowed;
+INSERT INTO outbox.webhook_events (id, endpoint, parked, next_attempt_at)
+VALUES (1, 'm:pace', true, now() - interval '0.1 s');
+SELECT count(*) AS claimed FROM outbox.claim_events();
+SELECT id, parked, next_attempt_at < now() AS left_due FROM outbox.webhook_events;
+UPDATE outbox.webhook_events SET next_attempt_at = now() - interval '1 s';
+SELECT count(*) AS claimed FROM outbox.claim_events();
+SELECT id, parked, next_attempt_at > now() AS parked_ahead FROM outbox.webhook_events;
+
 -- unpark, by hand: at once, without waiting for a claim's recheck.
 SELECT ratebucket.bucket_configure('u:manual', 10, 3), ratebucket.bucket_pause('u:manual');
 INSERT INTO outbox.webhook_events (endpoint) SELECT 'u:manual' FROM generate_series(1, 4);
