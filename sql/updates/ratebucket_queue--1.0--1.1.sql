@@ -27,9 +27,10 @@ CREATE INDEX webhook_parking_recheck
 -- sooner or stays: moved only if by more than a second).  At most
 -- max_events of them (NULL: all); only_if_sooner: only if its first parked
 -- event could go more than a second sooner than it is due, or the rate rose
--- by more than half since they were parked.  Its cursor in webhook_parking then ends
--- where they do.  The caller holds the endpoint's parking lock (the
--- advisory lock claim_events takes to park it).  Returns how many moved.
+-- by more than half since they were parked.  Its cursor in webhook_parking
+-- then ends where they do.  The caller holds the endpoint's parking lock
+-- (the advisory lock claim_events takes to park it).  Returns how many
+-- moved.
 CREATE FUNCTION repace_parked(ep text, max_events int, only_if_sooner boolean)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
