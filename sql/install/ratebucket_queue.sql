@@ -969,7 +969,8 @@ BEGIN
     ORDER BY d.o;
 END $$;
 
--- record_delivery itself: record_deliveries of one event.
+-- record_delivery itself, for one event (record_deliveries makes the same
+-- decisions for a batch).
 CREATE FUNCTION record_delivery(
     event_id bigint,
     http_status int,
@@ -980,14 +981,64 @@ CREATE FUNCTION record_delivery(
     claimed_lease timestamptz DEFAULT NULL,
     sent_at timestamptz DEFAULT NULL)
 RETURNS text
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
-SELECT r.outcome
-FROM record_deliveries(ARRAY[event_id], ARRAY[http_status], ARRAY[claimed_lease],
-                       ARRAY[retry_after], ARRAY[headers], ARRAY[sent], ARRAY[sent_at],
-                       max_attempts) r
-$$;
+DECLARE
+    ev       webhook_events;
+    fb       record;
+    tries    int;
+    delay    float8;
+BEGIN
+    SELECT * INTO ev FROM webhook_events WHERE id = event_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'missing';
+    END IF;
+
+    -- what the destination said is true whatever became of the lease
+    SELECT * INTO fb
+    FROM ratebucket.bucket_observe(ev.endpoint, http_status, retry_after, headers, sent_at);
+
+    -- Not this worker's claim any more: the lease ran out, the event went
+    -- back to the queue, and maybe another worker holds it now, with a
+    -- slot of its own that this outcome must not free.
+    IF ev.status <> 'sending' OR ev.lease_until IS DISTINCT FROM
+                                 coalesce(claimed_lease, ev.lease_until) THEN
+        RETURN 'stale';
+    END IF;
+
+    -- the request is over: its in-flight slot is free
+    IF ev.slot IS NOT NULL THEN
+        PERFORM ratebucket.inflight_release(ev.inflight_key, ARRAY[ev.slot]);
+    END IF;
+
+    tries := ev.attempts + CASE WHEN sent THEN 1 ELSE 0 END;
+
+    IF fb.outcome = 'success' THEN
+        UPDATE webhook_events
+        SET status = 'delivered', attempts = tries, last_status = http_status,
+            delivered_at = clock_timestamp(), lease_until = NULL, slot = NULL, parked = false
+        WHERE id = event_id;
+    ELSIF fb.outcome = 'neutral' OR tries >= max_attempts THEN
+        UPDATE webhook_events
+        SET status = 'failed', attempts = tries, last_status = http_status,
+            lease_until = NULL, slot = NULL, parked = false
+        WHERE id = event_id;
+    ELSE
+        delay := greatest(coalesce(fb.cooldown_seconds, 0),
+                          CASE WHEN fb.outcome = 'failure'
+                               THEN retry_backoff(tries) ELSE 0 END);
+        UPDATE webhook_events
+        SET status = 'pending', attempts = tries, last_status = http_status,
+            next_attempt_at = clock_timestamp() + make_interval(secs => delay),
+            lease_until = NULL, slot = NULL,
+            -- a cooldown is its bucket's (unpark brings it back early); a
+            -- backoff is its own
+            parked = fb.outcome <> 'failure'
+        WHERE id = event_id;
+    END IF;
+    RETURN fb.outcome;
+END $$;
 
 -- next_due: seconds until a claim could find something (0: now; NULL:
 -- nothing pending).  For each endpoint (and set of limits) with pending
