@@ -26,9 +26,9 @@
  * records every claimed event as delivered, in its own transaction:
  *   plain, redis  UPDATE webhook_events SET status = 'delivered', ...
  *                   WHERE id = ANY(<claimed>)
- *   ratebucket    BEGIN; lock the batch's events in id order (FOR UPDATE);
- *                 record_delivery(id, 200, claimed_lease => ...) for each,
- *                 in endpoint order; COMMIT   (as doc/claim.md prescribes)
+ *   ratebucket    record_deliveries(<claimed>, <200 each>, <their leases>):
+ *                 the batch in one call, which locks its events in id order
+ *                 and reports each answer to its bucket
  * and counts the events delivered.
  *
  * Every statement is prepared (PQprepare) once per connection.  The rate and
@@ -156,15 +156,11 @@ static const char deliver_sql[] =
 	"    delivered_at = clock_timestamp(), lease_until = NULL "
 	"WHERE id = ANY ($1::bigint[])";
 
-static const char record_lock_sql[] =
-	"SELECT id FROM webhook_events WHERE id = ANY ($1::bigint[]) ORDER BY id FOR UPDATE";
-
 static const char record_sql[] =
-	"SELECT count(*) FILTER (WHERE x.outcome = 'success') FROM ("
-	"  SELECT record_delivery(r.id, 200, claimed_lease => r.lease) AS outcome "
-	"  FROM unnest($1::bigint[], $2::timestamptz[]) AS r(id, lease) "
-	"  JOIN webhook_events e ON e.id = r.id "
-	"  ORDER BY e.endpoint, r.id) x";
+	"SELECT count(*) FILTER (WHERE r.outcome = 'success') "
+	"FROM record_deliveries($1::bigint[], "
+	"                       array_fill(200, ARRAY[cardinality($1::bigint[])]), "
+	"                       $2::timestamptz[]) r";
 
 static const char redis_defer_sql[] =
 	"UPDATE webhook_events e "
@@ -548,27 +544,13 @@ pipeline_record(worker *w, const char *ids, const char *leases, long n)
 	for (;;)
 	{
 		retry = 0;
-		if (!exec_command(w, "begin", 0, NULL, NULL))
+		res = query_rows(w, "record", 2, params, &retry);
+		if (res)
+		{
+			w->delivered += strtol(PQgetvalue(res, 0, 0), NULL, 10);
+			PQclear(res);
 			return;
-		res = query_rows(w, "record_lock", 1, params, &retry);
-		if (res)
-		{
-			PQclear(res);
-			res = query_rows(w, "record", 2, params, &retry);
 		}
-		if (res)
-		{
-			long		done = strtol(PQgetvalue(res, 0, 0), NULL, 10);
-
-			PQclear(res);
-			if (exec_command(w, "commit", 0, NULL, &retry))
-			{
-				w->delivered += done;
-				return;
-			}
-		}
-		res = PQexec(w->pg, "ROLLBACK");
-		PQclear(res);
 		if (!retry)
 			return;
 		w->retries++;
@@ -695,9 +677,7 @@ worker_main(void *arg)
 	else if (insert_rows > 0 &&
 			 !(prepare(w, "insert", insert_sql, 3) &&
 			   (mode == MODE_RATEBUCKET
-				? (prepare(w, "begin", "BEGIN", 0) && prepare(w, "commit", "COMMIT", 0) &&
-				   prepare(w, "record_lock", record_lock_sql, 1) &&
-				   prepare(w, "record", record_sql, 2))
+				? prepare(w, "record", record_sql, 2)
 				: prepare(w, "deliver", deliver_sql, 1))))
 		;						/* fail() said why */
 	else if (mode == MODE_PLAIN)

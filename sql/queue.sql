@@ -61,6 +61,46 @@ FROM outbox.webhook_events WHERE status = 'sending' ORDER BY id;
 SELECT status, attempts, last_status FROM outbox.webhook_events ORDER BY id;
 SELECT outbox.events_left(), outbox.requeue_expired();
 
+-- record_deliveries: a whole batch in one call, given in any order, each
+-- event as record_delivery records it: delivered (2xx), pending again after
+-- the cooldown (429) or a backoff (500), failed (404), not counted when it
+-- never left, stale when the lease is no longer this claim's, missing when
+-- deleted; its in-flight slot freed; the outcomes in the order given.
+TRUNCATE outbox.webhook_events;
+SELECT ratebucket.bucket_configure('r:a', 100, 10), ratebucket.bucket_configure('r:b', 100, 10),
+       ratebucket.inflight_configure('r:cap', 10);
+-- r:a: 2, 4, 6; r:b: 1, 3, 5, 7, each holding a slot of r:cap
+INSERT INTO outbox.webhook_events (id, endpoint, inflight_key)
+SELECT n, CASE WHEN n % 2 = 0 THEN 'r:a' ELSE 'r:b' END, CASE WHEN n % 2 = 1 THEN 'r:cap' END
+FROM generate_series(1, 7) n;
+SELECT count(*) AS claimed FROM outbox.claim_events(80, 10);
+CREATE TEMP TABLE claimed AS SELECT id, lease_until FROM outbox.webhook_events;
+SELECT in_flight FROM ratebucket.inflight_status WHERE key = 'r:cap';
+-- 7 deleted; 6 requeued and claimed again by another worker (a new lease)
+DELETE FROM outbox.webhook_events WHERE id = 7;
+UPDATE outbox.webhook_events SET lease_until = lease_until + interval '1 s' WHERE id = 6;
+SELECT r.event_id, r.outcome
+FROM outbox.record_deliveries(
+         ARRAY[5, 1, 7, 3, 2, 6, 4],
+         ARRAY[500, 200, 200, 429, 404, 200, NULL],
+         (SELECT array_agg(c.lease_until ORDER BY k.o)
+          FROM unnest(ARRAY[5, 1, 7, 3, 2, 6, 4]::bigint[]) WITH ORDINALITY k(id, o)
+          JOIN pg_temp.claimed c ON c.id = k.id),
+         retry_afters => ARRAY[NULL, NULL, NULL, '30', NULL, NULL, NULL],
+         sent => ARRAY[true, true, true, true, true, true, false]) r;
+SELECT id, status, attempts, last_status, parked, next_attempt_at > now() AS later,
+       CASE WHEN id = 3 THEN round(extract(epoch FROM next_attempt_at - now())) END AS cooldown_s
+FROM outbox.webhook_events ORDER BY id;
+-- the slots of 1, 3 and 5 freed; 7's is held until its lease ends
+SELECT in_flight FROM ratebucket.inflight_status WHERE key = 'r:cap';
+-- Bad batches change nothing.
+SELECT * FROM outbox.record_deliveries(ARRAY[1, 1], ARRAY[200, 200], ARRAY[NULL, NULL]::timestamptz[]);
+SELECT * FROM outbox.record_deliveries(ARRAY[1, 2], ARRAY[200], ARRAY[NULL, NULL]::timestamptz[]);
+SELECT * FROM outbox.record_deliveries(ARRAY[1, NULL], ARRAY[200, 200], ARRAY[NULL, NULL]::timestamptz[]);
+SELECT * FROM outbox.record_deliveries(ARRAY[6], ARRAY[200], ARRAY[NULL]::timestamptz[], max_attempts => 0);
+SELECT * FROM outbox.record_deliveries('{}', '{}', '{}');
+SELECT status, count(*) FROM outbox.webhook_events GROUP BY 1 ORDER BY 1;
+
 -- Why is this event waiting?  One event held by each thing that can hold
 -- one, and what explain_event says of it.
 SELECT ratebucket.bucket_configure(k, 100, 10)

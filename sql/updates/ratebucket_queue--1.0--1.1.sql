@@ -2,8 +2,9 @@
 -- buckets can send them sooner (a resume, a reset, a raised limit, a closed
 -- breaker), by claims themselves (claim_events, step 0) or by unpark; a
 -- parked event that missed its token by a little waits for it instead of
--- going behind the others; and explain_endpoint says why an endpoint's
--- events wait.
+-- going behind the others; record_deliveries records a whole batch in one
+-- call, its locks in order (record_delivery is that call for one event);
+-- and explain_endpoint says why an endpoint's events wait.
 --
 -- Events pending now were parked by 1.0 without the mark 1.1 adds: they
 -- come due when 1.0 put them, and are marked if parked again.
@@ -27,9 +28,10 @@ CREATE INDEX webhook_parking_recheck
 -- sooner or stays: moved only if by more than a second).  At most
 -- max_events of them (NULL: all); only_if_sooner: only if its first parked
 -- event could go more than a second sooner than it is due, or the rate rose
--- by more than half since they were parked.  Its cursor in webhook_parking then ends
--- where they do.  The caller holds the endpoint's parking lock (the
--- advisory lock claim_events takes to park it).  Returns how many moved.
+-- by more than half since they were parked.  Its cursor in webhook_parking
+-- then ends where they do.  The caller holds the endpoint's parking lock
+-- (the advisory lock claim_events takes to park it).  Returns how many
+-- moved.
 CREATE FUNCTION repace_parked(ep text, max_events int, only_if_sooner boolean)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
@@ -164,6 +166,175 @@ BEGIN
     RETURN repace_parked(unpark.endpoint, NULL, false);
 END
 $$;
+-- record_delivery: what came back for one claimed event.  Call it for every
+-- event of a batch in one transaction, after the requests, never during,
+-- and take that transaction's locks in the claim's order: first lock all the
+-- batch's events (SELECT ... WHERE id = ANY (...) ORDER BY id FOR UPDATE),
+-- then call record_delivery in endpoint order.  record_delivery locks its
+-- event, then its bucket; called one after the other without that first
+-- lock, a batch would hold bucket A while waiting for an event that a
+-- concurrent claim holds while it waits for bucket A (a claim's FOR UPDATE
+-- SKIP LOCKED keeps the lock on a row that another worker claimed since its
+-- snapshot): a deadlock, found only after deadlock_timeout.
+--
+-- http_status NULL means no response (timeout, reset, refused); sent false
+-- means the request never left (could not connect): then the attempt does
+-- not count.  The destination's answer always goes to bucket_observe (its
+-- cooldowns, rate and breaker); the event is then
+--   2xx                 delivered;
+--   429, 503 + Retry-After, failures (5xx, timeouts): pending again, due
+--                       after the cooldown or a backoff, up to max_attempts;
+--   other statuses      (4xx: the request's own fault) failed at once.
+-- Returns the outcome; 'stale' if the event is no longer this worker's
+-- (its lease expired and it went back to the queue: the destination's answer
+-- is still observed), or 'missing' if it was deleted meanwhile (nothing is
+-- recorded: its endpoint is no longer known).  Pass claimed_lease, the
+-- lease_until claim_events returned with the event: without it, an outcome
+-- recorded after the event was requeued and claimed again by another worker
+-- would be taken for that worker's (and free its in-flight slot).  Pass
+-- sent_at, when the request left (on the database's clock): a 429 then
+-- lowers the endpoint's rate only if the request was sent after its last
+-- throttle episode, however late its answer is recorded.
+-- record_deliveries: what came back for a whole batch, in one call, each
+-- event as record_delivery records it (event_ids[i] answered
+-- http_statuses[i], and so on; the optional arrays NULL, or as long, their
+-- elements NULL where there is nothing to say; sent NULL: true).  It takes
+-- its locks in the claim's order by itself: the batch's events in id order
+-- first, then their buckets (bucket_observe), in byte order of their
+-- endpoints; then it writes the events, one statement for the batch, and
+-- frees their slots.  Call it once the requests are over, in a transaction
+-- of its own.  Returns each event's outcome, in the order given.  Errors
+-- (22004, 22023) change nothing: a NULL or repeated event id, arrays of
+-- other lengths, max_attempts below 1.
+CREATE FUNCTION record_deliveries(
+    event_ids bigint[],
+    http_statuses int[],
+    claimed_leases timestamptz[],
+    retry_afters text[] DEFAULT NULL,
+    headers jsonb[] DEFAULT NULL,
+    sent boolean[] DEFAULT NULL,
+    sent_ats timestamptz[] DEFAULT NULL,
+    max_attempts int DEFAULT 25)
+RETURNS TABLE (event_id bigint, outcome text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    n      int := coalesce(cardinality(event_ids), 0);
+    r      record;
+    fb     record;
+    tries  int;
+    wait   float8;
+    -- per event, in the order observed: what becomes of it
+    d_ord  bigint[] := '{}';     -- its place in event_ids
+    d_id   bigint[] := '{}';
+    d_out  text[] := '{}';       -- the outcome returned
+    d_state text[] := '{}';      -- its new status (NULL: not touched)
+    d_try  int[] := '{}';
+    d_http int[] := '{}';
+    d_wait float8[] := '{}';
+    d_slot bigint[] := '{}';
+    d_cap  text[] := '{}';
+BEGIN
+    IF event_ids IS NULL OR array_position(event_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'event_ids must not be NULL nor hold a NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF coalesce(cardinality(http_statuses), -1) <> n
+       OR coalesce(cardinality(claimed_leases), -1) <> n
+       OR coalesce(cardinality(retry_afters), n) <> n
+       OR coalesce(cardinality(headers), n) <> n
+       OR coalesce(cardinality(sent), n) <> n
+       OR coalesce(cardinality(sent_ats), n) <> n THEN
+        RAISE EXCEPTION 'the arrays of a batch must be as long as event_ids (%)', n
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'http_statuses and claimed_leases are required; the others may be NULL.';
+    END IF;
+    IF (SELECT count(DISTINCT x) FROM unnest(event_ids) x) <> n THEN
+        RAISE EXCEPTION 'event_ids must not repeat an event' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_attempts IS NULL OR max_attempts < 1 THEN
+        RAISE EXCEPTION 'max_attempts must be at least 1' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- the batch's events, in id order, as claims and other batches lock them
+    PERFORM 1 FROM webhook_events w WHERE w.id = ANY (event_ids) ORDER BY w.id FOR UPDATE;
+
+    -- each answer to its bucket, in byte order of the endpoints (the order
+    -- bucket_take_batch locks buckets in), and what it makes of the event
+    FOR r IN
+        SELECT u.o, u.id, u.status, u.lease, u.ra, u.hd, coalesce(u.snt, true) AS snt, u.sa,
+               e.endpoint, e.status AS was, e.lease_until, e.attempts, e.slot, e.inflight_key
+        FROM unnest(event_ids, http_statuses, claimed_leases,
+                    coalesce(retry_afters, array_fill(NULL::text, ARRAY[n])),
+                    coalesce(headers, array_fill(NULL::jsonb, ARRAY[n])),
+                    coalesce(sent, array_fill(NULL::boolean, ARRAY[n])),
+                    coalesce(sent_ats, array_fill(NULL::timestamptz, ARRAY[n])))
+             WITH ORDINALITY AS u(id, status, lease, ra, hd, snt, sa, o)
+        LEFT JOIN webhook_events e ON e.id = u.id
+        ORDER BY e.endpoint COLLATE "C", u.id
+    LOOP
+        d_ord := d_ord || r.o;
+        d_id := d_id || r.id;
+        IF r.endpoint IS NULL THEN
+            -- deleted meanwhile: nothing is recorded, its endpoint is unknown
+            d_out := d_out || 'missing'::text;
+            d_state := d_state || NULL::text;
+        ELSE
+            -- what the destination said is true whatever became of the lease
+            SELECT * INTO fb
+            FROM ratebucket.bucket_observe(r.endpoint, r.status, r.ra, r.hd, r.sa);
+            IF r.was <> 'sending'
+               OR r.lease_until IS DISTINCT FROM coalesce(r.lease, r.lease_until) THEN
+                -- no longer this claim's: another worker may hold it, and its slot
+                d_out := d_out || 'stale'::text;
+                d_state := d_state || NULL::text;
+            ELSE
+                tries := r.attempts + CASE WHEN r.snt THEN 1 ELSE 0 END;
+                wait := greatest(coalesce(fb.cooldown_seconds, 0),
+                                 CASE WHEN fb.outcome = 'failure'
+                                      THEN retry_backoff(tries) ELSE 0 END);
+                d_out := d_out || fb.outcome::text;
+                d_state := d_state || CASE WHEN fb.outcome = 'success' THEN 'delivered'
+                                           WHEN fb.outcome = 'neutral' OR tries >= max_attempts
+                                           THEN 'failed'
+                                           ELSE 'pending' END;
+            END IF;
+        END IF;
+        d_try := d_try || tries;
+        d_http := d_http || r.status;
+        d_wait := d_wait || wait;
+        d_slot := d_slot || r.slot;
+        d_cap := d_cap || r.inflight_key;
+        tries := NULL;
+        wait := NULL;
+    END LOOP;
+
+    -- the requests are over: their slots are free
+    PERFORM ratebucket.inflight_release(x.cap, array_agg(x.slot))
+    FROM unnest(d_state, d_slot, d_cap) AS x(state, slot, cap)
+    WHERE x.state IS NOT NULL AND x.slot IS NOT NULL
+    GROUP BY x.cap;
+
+    UPDATE webhook_events e
+    SET status = d.state, attempts = d.tries, last_status = d.http,
+        delivered_at = CASE WHEN d.state = 'delivered' THEN clock_timestamp() ELSE e.delivered_at END,
+        next_attempt_at = CASE WHEN d.state = 'pending'
+                               THEN clock_timestamp() + make_interval(secs => d.wait)
+                               ELSE e.next_attempt_at END,
+        lease_until = NULL, slot = NULL,
+        -- a cooldown is its bucket's (unpark brings it back early); a
+        -- backoff is its own
+        parked = d.state = 'pending' AND d.outcome <> 'failure'
+    FROM unnest(d_id, d_state, d_try, d_http, d_wait, d_out) AS d(id, state, tries, http, wait, outcome)
+    WHERE e.id = d.id AND d.state IS NOT NULL;
+
+    RETURN QUERY
+    SELECT d.id, d.outcome
+    FROM unnest(d_ord, d_id, d_out) AS d(o, id, outcome)
+    ORDER BY d.o;
+END $$;
 -- claim_events: claim up to "batch" events, at most per_endpoint of any one
 -- endpoint, in one short transaction (call it on its own, in autocommit).
 --
@@ -653,35 +824,8 @@ BEGIN
     END IF;
 END
 $$;
--- record_delivery: what came back for one claimed event.  Call it for every
--- event of a batch in one transaction, after the requests, never during,
--- and take that transaction's locks in the claim's order: first lock all the
--- batch's events (SELECT ... WHERE id = ANY (...) ORDER BY id FOR UPDATE),
--- then call record_delivery in endpoint order.  record_delivery locks its
--- event, then its bucket; called one after the other without that first
--- lock, a batch would hold bucket A while waiting for an event that a
--- concurrent claim holds while it waits for bucket A (a claim's FOR UPDATE
--- SKIP LOCKED keeps the lock on a row that another worker claimed since its
--- snapshot): a deadlock, found only after deadlock_timeout.
---
--- http_status NULL means no response (timeout, reset, refused); sent false
--- means the request never left (could not connect): then the attempt does
--- not count.  The destination's answer always goes to bucket_observe (its
--- cooldowns, rate and breaker); the event is then
---   2xx                 delivered;
---   429, 503 + Retry-After, failures (5xx, timeouts): pending again, due
---                       after the cooldown or a backoff, up to max_attempts;
---   other statuses      (4xx: the request's own fault) failed at once.
--- Returns the outcome; 'stale' if the event is no longer this worker's
--- (its lease expired and it went back to the queue: the destination's answer
--- is still observed), or 'missing' if it was deleted meanwhile (nothing is
--- recorded: its endpoint is no longer known).  Pass claimed_lease, the
--- lease_until claim_events returned with the event: without it, an outcome
--- recorded after the event was requeued and claimed again by another worker
--- would be taken for that worker's (and free its in-flight slot).  Pass
--- sent_at, when the request left (on the database's clock): a 429 then
--- lowers the endpoint's rate only if the request was sent after its last
--- throttle episode, however late its answer is recorded.
+-- record_delivery itself, for one event (record_deliveries makes the same
+-- decisions for a batch).
 CREATE OR REPLACE FUNCTION record_delivery(
     event_id bigint,
     http_status int,
@@ -963,6 +1107,9 @@ BEGIN
                    'sends them', n.due, n.pending);
     END IF;
 END $$;
+COMMENT ON FUNCTION record_deliveries(bigint[], int[], timestamptz[], text[], jsonb[], boolean[], timestamptz[], int) IS
+'Record the outcomes of a whole batch in one call, each as record_delivery does, its locks taken in order by itself (the events in id order, then their buckets in endpoint order); returns each event''s outcome, in the order given.';
+
 COMMENT ON FUNCTION explain_endpoint(text) IS
 'Why an endpoint''s events are not being sent: what holds its best pending event (its bucket, that event''s limits and cap), then leased, not due, due or no events, with counts and times.';
 
