@@ -723,6 +723,44 @@ is(sql(q{SELECT sum(attempts) FROM webhook_events}), '0',
 note(sql(q{SELECT 'claimed ' || count(*) || ' events; rolled back ' ||
 				  (SELECT last_value FROM rolled_back) FROM claim_log}));
 
+# ------------------------------------------------- claim and record batches --
+
+# 8 workers claim and record each batch with record_deliveries (1 in 10
+# answered 500, 1 in 10 429 with Retry-After: 1), as fast as they can: the
+# function takes its locks in the claim's order, so no transaction fails
+# (a deadlock would fail one), and no event is delivered twice.
+clean();
+sql(join "\n", map { "SELECT ratebucket.bucket_configure('v$_', 200, 20);" } 1 .. 6);
+sql(q{
+INSERT INTO webhook_events (endpoint) SELECT 'v' || (1 + g % 6) FROM generate_series(1, 6000) g;
+});
+$node->pgbench(
+	"--no-vacuum --client=8 --jobs=2 --time=3 --protocol=extended",
+	0,
+	[qr/processed: [1-9]/, qr/number of failed transactions: 0 /],
+	[qr/^$/],
+	'8 workers claim and record their batches with record_deliveries: no transaction fails',
+	{
+		'claim_record' => q{
+SELECT coalesce(array_agg(id), '{}') AS ids, coalesce(array_agg(lease_until), '{}') AS leases
+FROM claim_events(15, 5) \gset
+SELECT count(*) FROM record_deliveries(:ids::bigint[],
+    coalesce((SELECT array_agg(CASE x % 10 WHEN 0 THEN 500 WHEN 1 THEN 429 ELSE 200 END ORDER BY o)
+              FROM unnest(:ids::bigint[]) WITH ORDINALITY u(x, o)), '{}'),
+    :leases::timestamptz[],
+    retry_afters => coalesce((SELECT array_agg(CASE x % 10 WHEN 1 THEN '1' END ORDER BY o)
+                              FROM unnest(:ids::bigint[]) WITH ORDINALITY u(x, o)), '{}'));
+},
+	});
+my ($delivered, $failed_status) = split /\|/, sql(q{
+SELECT count(*) FILTER (WHERE status = 'delivered'),
+       count(*) FILTER (WHERE status NOT IN ('delivered', 'pending', 'sending'))
+FROM webhook_events});
+ok($delivered > 0, "batches were recorded delivered ($delivered events)");
+is(sql(q{SELECT count(*) FROM webhook_events WHERE status = 'delivered' AND attempts <> 1}), '0',
+	'each delivered event was delivered by one request, recorded once');
+is($failed_status, '0', 'no event failed (500s and 429s are retried)');
+
 $s1->quit;
 $s2->quit;
 $node->stop;
