@@ -303,10 +303,14 @@ find_limits(const char *endpoint)
 	return NULL;
 }
 
-/* One claim statement (plain, ratebucket): rows returned are events claimed. */
-static void
+/*
+ * One claim statement (plain, ratebucket): rows returned are events claimed.
+ * Returns the rows for the caller to read and clear, or NULL (a failure, or
+ * keep false).
+ */
+static PGresult *
 claim_one_statement(worker *w, const char *name, int nparams,
-					const char *const *params)
+					const char *const *params, int keep)
 {
 	PGresult   *res = PQexecPrepared(w->pg, name, nparams, params, NULL, NULL, 0);
 
@@ -319,12 +323,15 @@ claim_one_statement(worker *w, const char *name, int nparams,
 		w->locked += n;
 		if (n == 0)
 			w->empty_claims++;
+		if (keep)
+			return res;
 	}
 	else if (is_retryable(res))
 		w->retries++;
 	else
 		fail(w, "worker %d: %s: %s", w->id, name, PQerrorMessage(w->pg));
 	PQclear(res);
+	return NULL;
 }
 
 /* Parse one Lua reply {granted, tokens, wait}: 1 granted, 0 refused, -1 error. */
@@ -578,25 +585,13 @@ pipeline_round(worker *w, const char *const *claim_params, strbuf *ids, strbuf *
 	}
 	else
 	{
-		PGresult   *res = PQexecPrepared(w->pg, "claim", mode == MODE_RATEBUCKET ? 2 : 1,
-										 claim_params, NULL, NULL, 0);
+		PGresult   *res = claim_one_statement(w, "claim", mode == MODE_RATEBUCKET ? 2 : 1,
+											  claim_params, 1);
 		int			i;
 
-		if (PQresultStatus(res) != PGRES_TUPLES_OK)
-		{
-			if (is_retryable(res))
-				w->retries++;
-			else
-				fail(w, "worker %d: claim: %s", w->id, PQerrorMessage(w->pg));
-			PQclear(res);
+		if (res == NULL)
 			return;
-		}
 		n = PQntuples(res);
-		w->claims++;
-		w->events += n;
-		w->locked += n;
-		if (n == 0)
-			w->empty_claims++;
 		sb_reset(ids);
 		sb_reset(leases);
 		sb_printf(ids, "{");
@@ -733,12 +728,12 @@ worker_main(void *arg)
 		{
 			case MODE_PLAIN:
 				params[0] = batch_param;
-				claim_one_statement(w, "claim", 1, params);
+				claim_one_statement(w, "claim", 1, params, 0);
 				break;
 			case MODE_RATEBUCKET:
 				params[0] = endpoints_param;
 				params[1] = per_endpoint_param;
-				claim_one_statement(w, "claim", 2, params);
+				claim_one_statement(w, "claim", 2, params, 0);
 				break;
 			case MODE_REDIS:
 				claim_redis(w, batch_param, &granted, &refused_ids, &refused_waits);
