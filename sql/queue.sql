@@ -278,6 +278,43 @@ FROM outbox.webhook_events WHERE endpoint = 'u:manual' GROUP BY 1 ORDER BY 1;
 SELECT outbox.unpark(NULL);
 RESET search_path;
 
+-- Endpoints nobody configured.  With no template, their events wait, and
+-- endpoint_status and the explanations say so; a template (here for the
+-- endpoints, and one for the accounts their events name in limits) lets
+-- the claim send them at once, configuring each at its first claim, and
+-- spending exactly what it claims.
+TRUNCATE outbox.webhook_events;
+TRUNCATE outbox.webhook_parking;
+INSERT INTO outbox.webhook_events (endpoint, limits)
+SELECT 'https://t' || i % 2 || '.example/hook', ARRAY['acct:t' || i % 2]
+FROM generate_series(1, 10) AS i;
+SELECT endpoint, pending, due, in_flight, configuration, template
+FROM outbox.endpoint_status ORDER BY endpoint;
+SELECT count(*) AS claimed FROM outbox.claim_events();
+SELECT reason, key FROM outbox.explain_endpoint('https://t1.example/hook') ORDER BY 1, 2;
+SELECT ratebucket.bucket_template('https://*', 0.001, 3) AS configured_now,
+       ratebucket.bucket_template('acct:*', 0.001, 4) AS configured_now;
+SELECT endpoint, pending, due, configuration, template
+FROM outbox.endpoint_status ORDER BY endpoint;
+-- (the claim that found nothing set them aside, unclaimable_wait ahead:
+-- due again now)
+UPDATE outbox.webhook_events SET next_attempt_at = now();
+SELECT reason, key FROM outbox.explain_endpoint('https://t1.example/hook') ORDER BY 1, 2;
+SELECT endpoint, count(*) AS claimed
+FROM outbox.claim_events(batch => 10, per_endpoint => 10) GROUP BY 1 ORDER BY 1;
+SELECT endpoint, conf_rate, conf_capacity, round(tokens::numeric, 3) AS tokens,
+       takes_granted, tokens_granted, template
+FROM ratebucket.bucket_status
+WHERE endpoint LIKE 'https://t%' OR endpoint LIKE 'acct:t%' ORDER BY endpoint;
+SELECT endpoint, pending, in_flight, configuration, template
+FROM outbox.endpoint_status ORDER BY endpoint;
+-- an endpoint configured by hand says own, one nothing matches none
+INSERT INTO outbox.webhook_events (endpoint) VALUES ('x:own'), ('x:none');
+SELECT ratebucket.bucket_configure('x:own', 1, 1);
+SELECT endpoint, configuration, template FROM outbox.endpoint_status
+WHERE endpoint LIKE 'x:%' ORDER BY endpoint;
+SELECT ratebucket.bucket_template_drop('https://*'), ratebucket.bucket_template_drop('acct:*');
+
 -- ratebucket cannot go while the queue needs it.
 DROP EXTENSION ratebucket;
 

@@ -63,6 +63,12 @@ FROM unnest(ARRAY['ratebucket.bucket_configure_quota(text,float8,text,text)',
 				  'ratebucket.bucket_stripe(text,int)',
 				  'ratebucket.stripe_key(text,int,int)']) AS f;
 SELECT to_regclass('ratebucket.bucket_stripes') IS NULL AS no_stripe_table;
+-- Nor those of 1.6, nor its tables.
+SELECT f AS function_of_1_6, to_regprocedure(f) IS NOT NULL AS exists
+FROM unnest(ARRAY['ratebucket.bucket_template(text,float8,float8,float8,float8,float8,int)',
+				  'ratebucket.bucket_template_drop(text)',
+				  'ratebucket.bucket_template_for(text)']) AS f;
+SELECT to_regclass('ratebucket.bucket_templates') IS NULL AS no_template_table;
 SELECT count(*) AS quota_columns FROM pg_attribute
 WHERE attrelid = 'ratebucket.buckets'::regclass AND attname LIKE 'quota%';
 
@@ -215,8 +221,10 @@ SELECT * FROM fresh_vs_updated ORDER BY object, property, side;
 -- (the in-flight functions' language, library and C symbol) and of 1.5 (the
 -- table's columns target_factor, burst_factor, limit_factor and
 -- limit_burst_factor, the comments of rate_factor and factor_at, and the
--- form of bucket_observe with a fifth argument, sent_at), with all their
--- properties
+-- form of bucket_observe with a fifth argument, sent_at) and of 1.6 (the
+-- table's column template and the view's, bucket_templates, its trigger
+-- and its functions, bucket_template, bucket_template_drop and
+-- bucket_template_for), with all their properties
 -- (privileges and comments included), and nothing else.  A later
 -- version's update adds its own lines here.
 SELECT coalesce(n.object, o.object) AS object, coalesce(n.property, o.property) AS property,
@@ -301,6 +309,17 @@ REVOKE ALL ON FUNCTION ratebucket.bucket_take(text, float8) FROM regress_rb_upgr
 SELECT ratebucket.bucket_stripe('u:cooling', 1) AS stripes_before;
 SELECT stripes, round(tokens::numeric, 3) AS tokens, cooldown_seconds BETWEEN 900 AND 1800 AS cooling
 FROM ratebucket.bucket_status WHERE endpoint = 'u:cooling';
+
+--
+-- 10. Templates (1.6) leave the endpoints 1.0 configured alone (they have
+-- a configuration of their own), and configure a new one at its first take.
+--
+SELECT ratebucket.bucket_template('u:*', 2, 6) AS configured_now;
+SELECT allowed, remaining FROM ratebucket.bucket_take('u:new', 1);
+SELECT endpoint, conf_rate, conf_capacity, template
+FROM ratebucket.bucket_status ORDER BY endpoint;
+SELECT ratebucket.bucket_template_drop('u:*');
+SELECT ratebucket.bucket_drop('u:new');
 
 DROP ROLE regress_rb_upgrade_worker, regress_rb_upgrade_nobody;
 

@@ -79,6 +79,8 @@ CREATE TABLE ratebucket.buckets (
 	burst_factor	float8,
 	limit_factor	float8,
 	limit_burst_factor float8,
+	-- The template that configured the endpoint came with 1.6, last.
+	template		text,
 	CONSTRAINT buckets_pkey PRIMARY KEY (endpoint)
 	-- No CHECK constraints, on purpose: the executor re-reads every CHECK
 	-- expression from its stored text at the start of each statement, and
@@ -167,6 +169,8 @@ COMMENT ON COLUMN ratebucket.buckets.quota_period IS
 'For a calendar quota (bucket_configure_quota): hour, day, week or month; NULL for a rate bucket.';
 COMMENT ON COLUMN ratebucket.buckets.quota_time_zone IS
 'For a calendar quota: the time zone whose calendar its windows follow; NULL for a rate bucket.';
+COMMENT ON COLUMN ratebucket.buckets.template IS
+'The pattern of the template (bucket_template) that configured the endpoint, which it follows; NULL when configured by bucket_configure, or not configured.';
 
 --
 -- In-flight caps: at most cap deliveries in flight per key (an account, say).
@@ -219,15 +223,54 @@ COMMENT ON COLUMN ratebucket.bucket_stripes.stripes IS
 COMMENT ON COLUMN ratebucket.bucket_stripes.striped_at IS
 'When bucket_stripe last changed the stripe count.';
 
+--
+-- Templates: the configuration of endpoints nobody configured, by key
+-- pattern.  The first configured take, claim, bucket_observe or
+-- bucket_pause of an endpoint without a configuration configures it from
+-- the most specific template that matches it (the longest prefix), in its
+-- own transaction; the endpoint then follows that template (buckets.template)
+-- until it is configured by hand.  The statement trigger tells every
+-- backend to read the templates again, however they changed.
+--
+CREATE TABLE ratebucket.bucket_templates (
+	pattern			text PRIMARY KEY,
+	rate			float8 NOT NULL,
+	capacity		float8 NOT NULL,
+	floor_rate		float8,
+	throttle_factor	float8,
+	recovery_factor	float8,
+	breaker_failures int,
+	configured_at	timestamptz NOT NULL
+);
+
+COMMENT ON TABLE ratebucket.bucket_templates IS
+'The configuration of endpoints nobody configured, by key pattern (a prefix and a final *). Written only by bucket_template and bucket_template_drop.';
+COMMENT ON COLUMN ratebucket.bucket_templates.pattern IS
+'A prefix followed by *: ''acct:*'' matches every key that starts with acct:, ''*'' every key. Of those that match a key, the longest prefix configures it.';
+COMMENT ON COLUMN ratebucket.bucket_templates.configured_at IS
+'When bucket_template last changed the template.';
+
+CREATE FUNCTION ratebucket.bucket_templates_changed() RETURNS trigger
+AS 'MODULE_PATHNAME', 'ratebucket_templates_changed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION ratebucket.bucket_templates_changed() IS
+'Trigger of bucket_templates: tells every session to read the templates again.';
+
+CREATE TRIGGER bucket_templates_changed
+	AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ratebucket.bucket_templates
+	FOR EACH STATEMENT EXECUTE FUNCTION ratebucket.bucket_templates_changed();
+
 -- What pg_dump keeps.  Configured endpoints are user data (their runtime
 -- state included); buckets made only by explicit takes are not.  Caps are
--- configuration; slots are runtime state, not dumped.  Striping is
--- configuration, like the configured rows (the stripes are configured rows
--- themselves).
+-- configuration; slots are runtime state, not dumped.  Striping and
+-- templates are configuration, like the configured rows (the stripes are
+-- configured rows themselves).
 SELECT pg_catalog.pg_extension_config_dump('ratebucket.buckets',
 										   'WHERE conf_rate IS NOT NULL');
 SELECT pg_catalog.pg_extension_config_dump('ratebucket.inflight_caps', '');
 SELECT pg_catalog.pg_extension_config_dump('ratebucket.bucket_stripes', '');
+SELECT pg_catalog.pg_extension_config_dump('ratebucket.bucket_templates', '');
 
 --
 -- Types
@@ -421,6 +464,37 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
 COMMENT ON FUNCTION ratebucket.bucket_configure(text, float8, float8, float8, float8, float8, int) IS
 'Store the endpoint''s rate (tokens/s) and capacity, used by bucket_take(endpoint, tokens), and optionally its feedback policy: the floor of its effective rate (tokens/s), the multiplier on a 429, the recovery growth per ratebucket.recovery_interval, the failures that open its breaker (NULL: the ratebucket.* setting). Tokens already earned are kept (cut to the new capacity); a new endpoint starts full.';
+
+CREATE FUNCTION ratebucket.bucket_template(
+	pattern text,
+	rate float8,
+	capacity float8,
+	floor_rate float8 DEFAULT NULL,
+	throttle_factor float8 DEFAULT NULL,
+	recovery_factor float8 DEFAULT NULL,
+	breaker_failures int DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'ratebucket_template'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION ratebucket.bucket_template(text, float8, float8, float8, float8, float8, int) IS
+'Create or replace the template of a pattern (a prefix and a final *, such as acct:* or *), with bucket_configure''s arguments: endpoints nobody configured that it matches are configured from it at their first use. Endpoints that follow it, and those it matches that follow a less specific template, are configured from it now; returns how many.';
+
+CREATE FUNCTION ratebucket.bucket_template_drop(pattern text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'ratebucket_template_drop'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION ratebucket.bucket_template_drop(text) IS
+'Drop a template: the endpoints that followed it follow the next template that matches them, or keep their configuration as their own. False if there was no such template.';
+
+CREATE FUNCTION ratebucket.bucket_template_for(endpoint text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'ratebucket_template_for'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
+
+COMMENT ON FUNCTION ratebucket.bucket_template_for(text) IS
+'The pattern of the template that configures the endpoint when it has no configuration of its own; NULL if none matches.';
 
 --
 -- Feedback from destinations
@@ -735,7 +809,8 @@ COMMENT ON FUNCTION ratebucket.bucket_expire(interval) IS
 
 -- One row per endpoint, striped or not (a striped endpoint's tokens and
 -- take counters are its stripes', summed; the stripes' own rows are not
--- listed), with the quota columns and the stripe count at the end.
+-- listed), with the quota columns, the stripe count and the template at
+-- the end.
 CREATE VIEW ratebucket.bucket_status AS
 SELECT b.endpoint,
 	   b.rate,
@@ -777,7 +852,8 @@ SELECT b.endpoint,
 	   q.remaining AS quota_remaining,
 	   q.window_start AS quota_window_start,
 	   q.resets_at AS quota_resets_at,
-	   COALESCE(r.stripes, 1) AS stripes
+	   COALESCE(r.stripes, 1) AS stripes,
+	   b.template
 FROM ratebucket.buckets AS b
 	 LEFT JOIN ratebucket.bucket_stripes AS r
 		 ON r.endpoint OPERATOR(pg_catalog.=) b.endpoint
@@ -828,6 +904,8 @@ COMMENT ON COLUMN ratebucket.bucket_status.quota_resets_at IS
 'For a calendar quota: when the quota resets (the current window ends).';
 COMMENT ON COLUMN ratebucket.bucket_status.stripes IS
 'Rows the bucket is striped over (1: not striped); see bucket_stripe.';
+COMMENT ON COLUMN ratebucket.bucket_status.template IS
+'The template the endpoint was configured by and follows (bucket_template); NULL if configured by bucket_configure or not at all.';
 
 CREATE VIEW ratebucket.inflight_status AS
 SELECT c.key,

@@ -18,15 +18,19 @@
 --   explain_event(id)       why an event waits, and until when
 --   explain_endpoint(ep)    the same for an endpoint's events
 --   event_waits             explain_event for every event pending or in flight
+--   endpoint_status         per endpoint with events: counts, and what
+--                           configures it (none: its events wait)
 --   unpark(ep)              bring an endpoint's parked events back at its pace
 --                           now (claims do it by themselves within a second)
 --
 -- Every function runs with search_path = pg_catalog, the extension's schema,
 -- pg_temp, whatever the caller's; ratebucket's functions are called by their
 -- schema-qualified names.  Each endpoint is configured with
--- ratebucket.bucket_configure before its events are claimed (and each bucket
--- an event names in "limits", and its in-flight cap).  Here the endpoint is
--- the destination's URL; key it however your buckets are keyed.
+-- ratebucket.bucket_configure, or by a template (ratebucket.bucket_template)
+-- that matches it, before its events are claimed (and so is each bucket an
+-- event names in "limits"; its in-flight cap by inflight_configure).  Here
+-- the endpoint is the destination's URL; key it however your buckets are
+-- keyed.
 --
 -- The life of an event:
 --
@@ -1114,6 +1118,8 @@ $$;
 -- by itself) and what to do: for each bucket 'not configured' (the claim
 -- leaves its events alone), 'paused', 'breaker open', 'cooldown', 'quota
 -- spent', 'no tokens'; then 'not configured' or 'cap full' for the cap.
+-- A key without a configuration that a template matches holds nothing: the
+-- first claim that reaches it configures it from the template, full.
 -- The figures are ratebucket's at now_ (bucket_status, inflight_status,
 -- and buckets for the end of a pause).
 CREATE FUNCTION explain_keys(keys text[], cap_key text, now_ timestamptz)
@@ -1136,9 +1142,14 @@ BEGIN
         LEFT JOIN ratebucket.buckets p ON p.endpoint = s.endpoint
         WHERE s.endpoint = k;
         IF NOT FOUND OR NOT b.configured THEN
-            RETURN QUERY SELECT 'not configured'::text, k, NULL::timestamptz,
-                'no limits stored for it: the claim leaves its events alone until '
-                'ratebucket.bucket_configure sets them'::text;
+            -- a template that matches it configures it, full, at the first
+            -- claim that reaches it: nothing holds it
+            IF ratebucket.bucket_template_for(k) IS NULL THEN
+                RETURN QUERY SELECT 'not configured'::text, k, NULL::timestamptz,
+                    'no limits stored for it, and no template matches it: the claim leaves '
+                    'its events alone until ratebucket.bucket_configure or '
+                    'ratebucket.bucket_template sets them'::text;
+            END IF;
         ELSIF b.paused THEN
             RETURN QUERY SELECT 'paused'::text, k,
                 CASE WHEN b.paused_until < 'infinity' THEN b.paused_until END,
@@ -1301,6 +1312,35 @@ FROM webhook_events e
 CROSS JOIN LATERAL explain_event(e.id) x
 WHERE e.status IN ('pending', 'sending');
 
+-- endpoint_status: one row per endpoint with events pending or in flight:
+-- how many, how many due now, parked, in flight, when its next pending
+-- event comes due, and what configures its bucket: 'own' (bucket_configure
+-- or bucket_configure_quota), 'template' (it follows a template, or one
+-- matches it and configures it at its first claim), or 'none': nothing
+-- does, and its events wait until something does.  The view to open first
+-- when events wait; explain_endpoint says why in detail.
+CREATE VIEW endpoint_status AS
+SELECT q.endpoint, q.pending, q.due, q.parked, q.in_flight, q.next_due_at,
+       CASE WHEN b.conf_rate IS NOT NULL AND b.template IS NULL THEN 'own'
+            WHEN b.template IS NOT NULL
+                 OR ratebucket.bucket_template_for(q.endpoint) IS NOT NULL THEN 'template'
+            ELSE 'none' END AS configuration,
+       CASE WHEN b.template IS NOT NULL THEN b.template
+            WHEN b.conf_rate IS NULL THEN ratebucket.bucket_template_for(q.endpoint) END
+           AS template
+FROM (SELECT e.endpoint,
+             count(*) FILTER (WHERE e.status = 'pending') AS pending,
+             count(*) FILTER (WHERE e.status = 'pending'
+                                    AND e.next_attempt_at <= clock_timestamp()) AS due,
+             count(*) FILTER (WHERE e.status = 'pending' AND e.parked
+                                    AND e.next_attempt_at > clock_timestamp()) AS parked,
+             count(*) FILTER (WHERE e.status = 'sending') AS in_flight,
+             min(e.next_attempt_at) FILTER (WHERE e.status = 'pending') AS next_due_at
+      FROM webhook_events e
+      WHERE e.status IN ('pending', 'sending')
+      GROUP BY e.endpoint) q
+LEFT JOIN ratebucket.buckets b ON b.endpoint = q.endpoint;
+
 COMMENT ON TABLE webhook_events IS
 'The delivery queue: one row per event to send to its endpoint (a ratebucket bucket key), with its priority, state (pending, sending, delivered, failed), next attempt time, attempts made, other buckets it takes tokens from (limits) and in-flight cap.';
 COMMENT ON TABLE webhook_parking IS
@@ -1325,3 +1365,5 @@ COMMENT ON FUNCTION unpark(text) IS
 'Bring back an endpoint''s events parked ahead at the pace its buckets allow now (claims do it by themselves within about a second). Returns how many moved.';
 COMMENT ON VIEW event_waits IS
 'explain_event for every event pending or in flight: filter it by endpoint or event_id.';
+COMMENT ON VIEW endpoint_status IS
+'One row per endpoint with events pending or in flight: pending, due, parked, in_flight, next_due_at, and what configures its bucket (own, template, or none: its events wait until something does) and the template.';

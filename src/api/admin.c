@@ -39,25 +39,7 @@ ratebucket_configure(PG_FUNCTION_ARGS)
 	text	   *endpoint = rb_arg_endpoint(fcinfo, 0);
 	RbConfig	config;
 
-	config.rate = rb_arg_rate(fcinfo, 1);
-	config.capacity = rb_arg_capacity(fcinfo, 2);
-	config.floor_rate = rb_arg_optional(fcinfo, 3, "floor_rate",
-										RB_MIN_RATE, true, RB_MAX_RATE);
-	config.throttle_factor = rb_arg_optional(fcinfo, 4, "throttle_factor",
-											 0.0, false, 1.0);
-	config.recovery_factor = rb_arg_optional(fcinfo, 5, "recovery_factor",
-											 1.0, true, 100.0);
-	config.breaker_failures = -1;
-	if (!PG_ARGISNULL(6))
-	{
-		config.breaker_failures = PG_GETARG_INT32(6);
-		if (config.breaker_failures < 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("breaker_failures must not be negative"),
-					 errhint("Use 0 to disable the circuit breaker, NULL for ratebucket.breaker_failures.")));
-	}
-
+	rb_arg_config(fcinfo, 1, &config);
 	rb_engine_configure(endpoint, &config);
 	PG_RETURN_VOID();
 }

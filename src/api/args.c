@@ -199,3 +199,33 @@ rb_check_quota_zone(const char *name)
 				 errhint("Name a zone of the time zone database, such as 'America/New_York' or 'UTC' (see pg_timezone_names); an abbreviation such as 'PST' has no calendar of its own.")));
 	return tz;
 }
+
+/*
+ * rb_arg_config
+ *		A configuration from the arguments argno (rate), argno + 1
+ *		(capacity) and the optional argno + 2 to argno + 5 (floor_rate,
+ *		throttle_factor, recovery_factor, breaker_failures): the arguments
+ *		of bucket_configure and bucket_template after the key.
+ */
+void
+rb_arg_config(FunctionCallInfo fcinfo, int argno, RbConfig *config)
+{
+	config->rate = rb_arg_rate(fcinfo, argno);
+	config->capacity = rb_arg_capacity(fcinfo, argno + 1);
+	config->floor_rate = rb_arg_optional(fcinfo, argno + 2, "floor_rate",
+										 RB_MIN_RATE, true, RB_MAX_RATE);
+	config->throttle_factor = rb_arg_optional(fcinfo, argno + 3, "throttle_factor",
+											  0.0, false, 1.0);
+	config->recovery_factor = rb_arg_optional(fcinfo, argno + 4, "recovery_factor",
+											  1.0, true, 100.0);
+	config->breaker_failures = -1;
+	if (!PG_ARGISNULL(argno + 5))
+	{
+		config->breaker_failures = PG_GETARG_INT32(argno + 5);
+		if (config->breaker_failures < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("breaker_failures must not be negative"),
+					 errhint("Use 0 to disable the circuit breaker, NULL for ratebucket.breaker_failures.")));
+	}
+}

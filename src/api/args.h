@@ -29,5 +29,6 @@ extern pg_tz *rb_check_quota_zone(const char *name);
 extern double rb_arg_optional(FunctionCallInfo fcinfo, int argno,
 							  const char *what, double lo, bool lo_inclusive,
 							  double hi);
+extern void rb_arg_config(FunctionCallInfo fcinfo, int argno, RbConfig *config);
 
 #endif							/* RATEBUCKET_API_ARGS_H */

@@ -46,6 +46,33 @@ rb_new_bucket(RbBucket *bucket, double rate, double capacity, TimestampTz now)
 	bucket->feedback.last_observed_at = RB_NO_TIME;
 }
 
+/*
+ * rb_bucket_configure
+ *		Store a configuration in a bucket (bucket_configure's, or that of the
+ *		template named, "" for none) and make its limits the ones in force.
+ *		Tokens above the new capacity are cut; the caller banked what the
+ *		old limits earned (rb_bucket_bank).  A quota becomes a rate bucket.
+ */
+void
+rb_bucket_configure(RbBucket *bucket, const RbConfig *config,
+					const char *template_name, TimestampTz now)
+{
+	bucket->rate = config->rate;
+	bucket->capacity = config->capacity;
+	bucket->conf_rate = config->rate;
+	bucket->conf_capacity = config->capacity;
+	bucket->conf_floor_rate = config->floor_rate;
+	bucket->conf_throttle_factor = config->throttle_factor;
+	bucket->conf_recovery_factor = config->recovery_factor;
+	bucket->conf_breaker_failures = config->breaker_failures;
+	bucket->configured_at = now;
+	if (bucket->state.tokens > config->capacity)
+		bucket->state.tokens = config->capacity;
+	bucket->quota_period[0] = '\0';
+	bucket->quota_time_zone[0] = '\0';
+	strlcpy(bucket->template_name, template_name, RB_TEXT_LEN);
+}
+
 /* rb_bucket_ceiling: the rate a bucket's feedback is measured against. */
 double
 rb_bucket_ceiling(const RbBucket *bucket)
@@ -240,10 +267,13 @@ rb_bucket_not_configured(text *endpoint, bool explicit)
 	ereport(ERROR,
 			(errcode(ERRCODE_UNDEFINED_OBJECT),
 			 errmsg("endpoint \"%s\" is not configured", text_to_cstring(endpoint)),
+			 errdetail("It has no configuration, and no template matches it."),
 			 explicit ?
 			 errhint("Call ratebucket.bucket_configure(endpoint, rate, capacity) first, "
+					 "give it a template with ratebucket.bucket_template(pattern, rate, capacity), "
 					 "or pass rate and capacity to the take.") :
-			 errhint("Call ratebucket.bucket_configure(endpoint, rate, capacity) first.")));
+			 errhint("Call ratebucket.bucket_configure(endpoint, rate, capacity) first, "
+					 "or give it a template with ratebucket.bucket_template(pattern, rate, capacity).")));
 }
 
 /* Seconds from "now" until "until", 0 if it is not later. */

@@ -66,13 +66,32 @@ typedef struct RbBucket
 	/* calendar quota (bucket_configure_quota); "" for a rate bucket */
 	char		quota_period[RB_TEXT_LEN];
 	char		quota_time_zone[RB_TEXT_LEN];
+	/* the template that configured it (bucket_template); "" if none */
+	char		template_name[RB_TEXT_LEN];
 } RbBucket;
+
+/*
+ * A configuration (bucket_configure, or a template's): NaN or -1 where the
+ * ratebucket.* setting applies.
+ */
+typedef struct RbConfig
+{
+	double		rate;
+	double		capacity;
+	double		floor_rate;
+	double		throttle_factor;
+	double		recovery_factor;
+	int32		breaker_failures;
+} RbConfig;
 
 #define rb_is_configured(bucket) (!isnan((bucket)->conf_rate))
 #define rb_is_quota(bucket) ((bucket)->quota_period[0] != '\0')
+#define rb_follows_template(bucket) ((bucket)->template_name[0] != '\0')
 
 extern void rb_new_bucket(RbBucket *bucket, double rate, double capacity,
 						  TimestampTz now);
+extern void rb_bucket_configure(RbBucket *bucket, const RbConfig *config,
+								const char *template_name, TimestampTz now);
 extern double rb_bucket_ceiling(const RbBucket *bucket);
 extern void rb_bucket_policy(const RbBucket *bucket, double ceiling,
 							 RbPolicy *policy);

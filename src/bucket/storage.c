@@ -121,6 +121,8 @@ static const RbColumn rb_columns[] = {
 	COL_OPT("burst_factor", RB_F8N, adapt.burst_factor),
 	COL_OPT("limit_factor", RB_F8N, adapt.limit_factor),
 	COL_OPT("limit_burst_factor", RB_F8N, adapt.limit_burst_factor),
+	/* 1.6: the template that configured it */
+	COL_OPT("template", RB_TXTN, template_name),
 };
 
 #define RB_NCOLUMNS ((int) lengthof(rb_columns))

@@ -22,26 +22,6 @@
 #include "bucket/stripe.h"
 #include "engine/engine.h"
 
-/* Store a configuration in a bucket, and make its limits the ones in force. */
-static void
-rb_set_config(RbBucket *bucket, const RbConfig *config, TimestampTz now)
-{
-	bucket->rate = config->rate;
-	bucket->capacity = config->capacity;
-	bucket->conf_rate = config->rate;
-	bucket->conf_capacity = config->capacity;
-	bucket->conf_floor_rate = config->floor_rate;
-	bucket->conf_throttle_factor = config->throttle_factor;
-	bucket->conf_recovery_factor = config->recovery_factor;
-	bucket->conf_breaker_failures = config->breaker_failures;
-	bucket->configured_at = now;
-	if (bucket->state.tokens > config->capacity)
-		bucket->state.tokens = config->capacity;
-	/* a rate bucket, whatever it was */
-	bucket->quota_period[0] = '\0';
-	bucket->quota_time_zone[0] = '\0';
-}
-
 /*
  * rb_engine_configure
  *		Store the endpoint's limits and feedback policy.  Tokens earned under
@@ -61,13 +41,13 @@ rb_engine_configure(text *endpoint, const RbConfig *config)
 
 	now = GetCurrentTimestamp();
 	rb_new_bucket(&fresh, config->rate, config->capacity, now);
-	rb_set_config(&fresh, config, now);
+	rb_bucket_configure(&fresh, config, "", now);
 	if (rb_storage_lock_or_insert(endpoint, &bucket, &fresh))
 	{
 		/* bank what the old limits (and feedback) earned up to now */
 		now = GetCurrentTimestamp();
 		rb_bucket_bank(&bucket, now);
-		rb_set_config(&bucket, config, now);
+		rb_bucket_configure(&bucket, config, "", now);
 		if (rb_is_stripe_parent(&bucket))
 		{
 			/* the row holds no tokens: the stripes take the new limits / k */
@@ -128,6 +108,7 @@ rb_set_quota(RbBucket *bucket, double quota, const char *period,
 	bucket->configured_at = now;
 	strlcpy(bucket->quota_period, period, RB_TEXT_LEN);
 	strlcpy(bucket->quota_time_zone, zone, RB_TEXT_LEN);
+	bucket->template_name[0] = '\0';
 }
 
 /*
@@ -230,7 +211,8 @@ rb_engine_drop(text *endpoint)
 /*
  * rb_engine_pause
  *		Set the bucket's pause to end at "until" (RB_NO_TIME: no pause;
- *		RB_FOREVER: until resumed).  False if there is no such bucket.
+ *		RB_FOREVER: until resumed).  False if there is no such bucket (an
+ *		endpoint a template would configure is paused, configured by it).
  */
 bool
 rb_engine_pause(text *endpoint, TimestampTz until)
@@ -240,7 +222,9 @@ rb_engine_pause(text *endpoint, TimestampTz until)
 	bool		found;
 
 	rb_storage_begin(&session);
-	found = rb_storage_lock(endpoint, &bucket);
+	/* a pause of an endpoint with no row yet: made by its template, if any */
+	found = rb_storage_lock(endpoint, &bucket) ||
+		(until != RB_NO_TIME && rb_lock_configured(endpoint, &bucket));
 	if (found)
 	{
 		bucket.adapt.paused_until = until;
@@ -260,7 +244,7 @@ rb_engine_pause(text *endpoint, TimestampTz until)
 static void
 rb_stripe_lock_parent(text *endpoint, int stripes, RbBucket *parent)
 {
-	if (!rb_storage_lock(endpoint, parent) || !rb_is_configured(parent))
+	if (!rb_lock_configured(endpoint, parent))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("endpoint \"%s\" is not configured", text_to_cstring(endpoint)),

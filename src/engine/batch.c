@@ -372,8 +372,10 @@ rb_batch_lock(RbBatch *batch)
 				continue;
 			}
 		}
-		if ((!have && !rb_storage_lock(b->endpoint, &b->row)) ||
-			!rb_is_configured(&b->row))
+		/* configured by now, or by its template at this first use */
+		if (have ? !rb_is_configured(&b->row) &&
+			!rb_template_adopt_held(b->endpoint, &b->row) :
+			!rb_lock_configured(b->endpoint, &b->row))
 			rb_bucket_not_configured(b->endpoint, false);
 		if (rb_is_stripe_parent(&b->row))
 			b->striped = true;

@@ -123,8 +123,9 @@ rb_take_peeked(RbBucket *bucket, const RbTakeRequest *req,
 /*
  * rb_take_locked
  *		The take on a row the caller holds (not a striped endpoint's own
- *		row): resolve the limits (an endpoint with no configuration is an
- *		error for a configured take), check that the take fits, then only
+ *		row): resolve the limits (an endpoint with no configuration is
+ *		configured by its template for a configured take, and with none is
+ *		an error), check that the take fits, then only
  *		now read the clock and decide (rb_take_write).
  */
 void
@@ -134,7 +135,10 @@ rb_take_locked(RbBucket *bucket, text *endpoint, const RbTakeRequest *req,
 	double		rate = req->rate;
 	double		capacity = req->capacity;
 
-	if (!rb_bucket_limits(bucket, req->use_config, &rate, &capacity))
+	if (!rb_bucket_limits(bucket, req->use_config, &rate, &capacity) &&
+		!(req->use_config && !rb_is_configured(bucket) &&
+		  rb_template_adopt_held(endpoint, bucket) &&
+		  rb_bucket_limits(bucket, true, &rate, &capacity)))
 		rb_bucket_not_configured(endpoint, true);
 	rb_check_request_fits(req, capacity);
 	rb_take_write(bucket, req, rate, capacity, result, granted);

@@ -14,6 +14,7 @@
  *	  batch.c		a claim's batch of requests over shared buckets and caps
  *	  observe.c		what a destination answered, applied to its bucket
  *	  admin.c		configure, quotas, reset, drop, pause, resume, stripe
+ *	  template.c	endpoints configured by templates, at their first use
  *
  * Every entry point opens and ends its own storage session (one door to
  * the table, bucket/storage.h), locks rows first and reads the clock after.
@@ -28,6 +29,7 @@
 #include "pgtime.h"
 
 #include "bucket/bucket.h"
+#include "bucket/template.h"
 #include "core/feedback.h"
 #include "core/quota.h"
 
@@ -117,17 +119,7 @@ extern int64 *rb_batch_slots(const RbBatch *batch, const RbBatchRequest *req);
 extern bool rb_engine_observe(text *endpoint, const RbResponse *response,
 							  RbObservation *out);
 
-/* admin.c: a configuration, NaN or -1 where the default applies */
-typedef struct RbConfig
-{
-	double		rate;
-	double		capacity;
-	double		floor_rate;
-	double		throttle_factor;
-	double		recovery_factor;
-	int32		breaker_failures;
-} RbConfig;
-
+/* admin.c */
 extern void rb_engine_configure(text *endpoint, const RbConfig *config);
 extern void rb_engine_configure_quota(text *endpoint, double quota,
 									  RbQuotaPeriod period, pg_tz *tz);
@@ -135,5 +127,13 @@ extern bool rb_engine_reset(text *endpoint);
 extern bool rb_engine_drop(text *endpoint);
 extern bool rb_engine_pause(text *endpoint, TimestampTz until);
 extern int	rb_engine_stripe(text *endpoint, int stripes);
+
+/* template.c */
+extern bool rb_lock_configured(text *endpoint, RbBucket *bucket);
+extern bool rb_template_adopt_held(text *endpoint, RbBucket *bucket);
+extern bool rb_template_peek(text *endpoint, RbBucket *bucket, bool found);
+extern bool rb_engine_template_for(text *endpoint, RbTemplate *tmpl);
+extern int64 rb_engine_template_set(const RbTemplate *tmpl, bool *created);
+extern bool rb_engine_template_drop(const char *pattern);
 
 #endif							/* RATEBUCKET_ENGINE_ENGINE_H */

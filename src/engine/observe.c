@@ -28,7 +28,8 @@ rb_unix_seconds(TimestampTz ts)
 /*
  * rb_engine_observe
  *		Apply a response to the endpoint's bucket.  False if the endpoint
- *		has no bucket: nothing to adapt, and *out says only the outcome.
+ *		has no bucket (and no template makes one): nothing to adapt, and
+ *		*out says only the outcome.
  */
 bool
 rb_engine_observe(text *endpoint, const RbResponse *response,
@@ -42,7 +43,9 @@ rb_engine_observe(text *endpoint, const RbResponse *response,
 	bool		found;
 
 	rb_storage_begin(&session);
-	found = rb_storage_lock(endpoint, &bucket);
+	/* an endpoint with no row yet: created by its template, if one matches */
+	found = rb_storage_lock(endpoint, &bucket) ||
+		rb_lock_configured(endpoint, &bucket);
 	now = GetCurrentTimestamp();
 
 	if (!found)

@@ -122,8 +122,10 @@ rb_engine_peek(text *endpoint, double want, int64 upto, double *granted)
  * rb_engine_peek_configured
  *		How many whole tokens, up to "upto", a take of a configured bucket
  *		would be granted now (rb_engine_peek): false, setting nothing, if
- *		the endpoint has no row or no configuration (a take would be an
- *		error, not a grant).  For bucket_grantable and bucket_claimable.
+ *		the endpoint has no configuration and no template matches it (a take
+ *		would be an error, not a grant).  An endpoint a template would
+ *		configure is judged as that configuration would leave it now.  For
+ *		bucket_grantable and bucket_claimable.
  */
 bool
 rb_engine_peek_configured(text *endpoint, int64 upto, int64 *granted)
@@ -142,10 +144,14 @@ rb_engine_peek_configured(text *endpoint, int64 upto, int64 *granted)
 		*granted = (int64) g;
 		return true;
 	}
-	rb_storage_end(&session);
-
-	if (!found || !rb_is_configured(&bucket))
+	/* no configuration yet: as its template would configure it */
+	if ((!found || !rb_is_configured(&bucket)) &&
+		!rb_template_peek(endpoint, &bucket, found))
+	{
+		rb_storage_end(&session);
 		return false;
+	}
+	rb_storage_end(&session);
 	(void) rb_peek_row(&bucket, 1.0, upto, GetCurrentTimestamp(), &g);
 	*granted = (int64) g;
 	return true;

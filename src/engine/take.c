@@ -13,8 +13,9 @@
  *		 read the clock, decide, write (rb_take_locked).  If the row is held,
  *		 a take its committed state already refuses returns at once, with
  *		 nowait any other is refused, and any other waits for the holder.  A
- *		 missing row is created full, unless the take uses the
- *		 configuration, where it is an error.
+ *		 missing row is created full; for a take that uses the
+ *		 configuration, from the template that matches the endpoint
+ *		 (engine/template.c), and with none it is an error.
  *
  *-------------------------------------------------------------------------
  */
@@ -129,7 +130,8 @@ rb_take_contended(text *endpoint, const RbTakeRequest *req, RbBucket *bucket,
 	}
 	if (req->use_config)
 	{
-		if (!exists || !rb_storage_lock(endpoint, bucket))
+		/* configured by now, or by its template at this first use */
+		if (!rb_lock_configured(endpoint, bucket))
 			rb_bucket_not_configured(endpoint, true);
 		return false;
 	}

@@ -53,7 +53,7 @@ rb_all_lock(RbAllItem *items, int n)
 
 	for (i = 0; i < n; i++)
 	{
-		if (!rb_storage_lock(items[i].endpoint, &items[i].bucket))
+		if (!rb_lock_configured(items[i].endpoint, &items[i].bucket))
 			rb_bucket_not_configured(items[i].endpoint, false);
 		if (rb_is_stripe_parent(&items[i].bucket))
 			ereport(ERROR,
