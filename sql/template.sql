@@ -207,6 +207,10 @@ SELECT ratebucket.bucket_template_for('mail:x') AS template;
 SELECT allowed, remaining FROM ratebucket.bucket_take('mail:x', 3);
 SELECT ratebucket.bucket_drop('mail:x');
 SELECT allowed, remaining FROM ratebucket.bucket_take('mail:x', 1);
+-- A row written by hand that is no template is ignored, with a warning.
+INSERT INTO ratebucket.bucket_templates (pattern, rate, capacity, configured_at)
+VALUES ('mail:y', 0.000001, 3, now()), ('m*il:*', 0.000001, 3, now()), ('mai*', 0, 3, now());
+SELECT ratebucket.bucket_template_for('mail:y') AS template;
 DELETE FROM ratebucket.bucket_templates;
 SELECT ratebucket.bucket_template_for('mail:y') AS template;
 SELECT pg_temp.try($$SELECT ratebucket.bucket_take('mail:y')$$) AS result;

@@ -225,12 +225,13 @@ COMMENT ON COLUMN ratebucket.bucket_stripes.striped_at IS
 
 --
 -- Templates: the configuration of endpoints nobody configured, by key
--- pattern.  The first configured take, claim, bucket_observe or
--- bucket_pause of an endpoint without a configuration configures it from
--- the most specific template that matches it (the longest prefix), in its
--- own transaction; the endpoint then follows that template (buckets.template)
--- until it is configured by hand.  The statement trigger tells every
--- backend to read the templates again, however they changed.
+-- pattern.  The first configured take, claim or bucket_stripe (with no
+-- row yet, bucket_observe or bucket_pause) of an endpoint without a
+-- configuration configures it from the most specific template that matches
+-- it (the longest prefix), in its own transaction; the endpoint then
+-- follows that template (buckets.template) until it is configured by hand.
+-- The statement trigger tells every backend to read the templates again,
+-- however they changed.
 --
 CREATE TABLE ratebucket.bucket_templates (
 	pattern			text PRIMARY KEY,

@@ -13,16 +13,18 @@
  * the templates in memory, read once and again only when they change: a
  * statement trigger on the table (ratebucket.bucket_templates_changed)
  * invalidates the table's relcache entry, which every backend hears of at
- * the latest when it next locks a relation, and which drops its copy.  A
- * copy read under REPEATABLE READ or SERIALIZABLE is used for the call only
- * (its snapshot may predate a change already announced).
+ * the latest when it next looks for a template, and which drops its copy.
+ * The copy is read with the latest snapshot, whatever the isolation level,
+ * and so are the endpoints a change is carried to.
  *
  * A change and a first use serialise on a lock of the table: the backend
- * that configures an endpoint from a template holds a SHARE lock until it
- * commits, and bucket_template and bucket_template_drop take SHARE ROW
- * EXCLUSIVE before they change a template and carry the change to the
- * endpoints that follow it.  So no endpoint is configured from a template
- * as it was before a change that has already been carried over.
+ * that configures an endpoint from a template holds ROW SHARE until it
+ * commits, and bucket_template and bucket_template_drop take EXCLUSIVE
+ * before they change a template and carry the change to the endpoints that
+ * follow it.  So no endpoint is configured from a template as it was before
+ * a change that has already been carried over.  (ROW SHARE is a weak lock:
+ * first uses do not queue on each other, nor on a vacuum of the table;
+ * EXCLUSIVE still lets plain reads of the table through.)
  *
  * The statements run between rb_storage_begin and rb_storage_end (as the
  * tables' owner), each in an SPI connection of its own, like stripe.c's.
@@ -41,6 +43,7 @@
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/snapmgr.h"
 
 #include "bucket/storage.h"
 #include "bucket/template.h"
@@ -61,6 +64,9 @@ static SPIPlanPtr delete_plan = NULL;
 static SPIPlanPtr followers_plan = NULL;
 static SPIPlanPtr outranked_plan = NULL;
 
+/* Invalidations heard so far: a copy read while one arrives is not kept. */
+static uint64 invalidations = 0;
+
 /* The table changed (or any relation, InvalidOid): read it again. */
 static void
 rb_template_relcache_callback(Datum arg pg_attribute_unused(), Oid relid)
@@ -68,11 +74,16 @@ rb_template_relcache_callback(Datum arg pg_attribute_unused(), Oid relid)
 	if (relid == InvalidOid || relid == templates_relid)
 	{
 		copy_valid = false;
-		templates_relid = InvalidOid;
+		invalidations++;
 	}
 }
 
-/* The table's oid; InvalidOid if this schema has none (not updated yet). */
+/*
+ * The table's oid; InvalidOid if this schema has none (not updated yet).
+ * Looked up again whenever the copy is not valid (the extension may have
+ * been dropped and created again), and kept while it is: an invalidation
+ * of the table (its drop included) makes the copy invalid.
+ */
 static Oid
 rb_templates_relid(void)
 {
@@ -81,12 +92,12 @@ rb_templates_relid(void)
 		CacheRegisterRelcacheCallback(rb_template_relcache_callback, (Datum) 0);
 		callback_registered = true;
 	}
-	if (!OidIsValid(templates_relid))
+	if (!copy_valid)
 	{
 		Oid			nspid = get_namespace_oid(RB_TEMPLATES_SCHEMA, true);
 
-		if (OidIsValid(nspid))
-			templates_relid = get_relname_relid(RB_TEMPLATES_TABLE, nspid);
+		templates_relid = OidIsValid(nspid) ?
+			get_relname_relid(RB_TEMPLATES_TABLE, nspid) : InvalidOid;
 	}
 	return templates_relid;
 }
@@ -139,11 +150,41 @@ rb_spi_float8(HeapTuple row, TupleDesc desc, int col)
 	return isnull ? get_float8_nan() : DatumGetFloat8(d);
 }
 
-/* Read the templates into this backend's copy. */
+/*
+ * Is a row of the table a template this code can use?  Only a change by
+ * hand (an INSERT by the owner) can store one that is not; it is ignored,
+ * with a warning.
+ */
+static bool
+rb_template_usable(const RbTemplate *t)
+{
+	const char *star = strchr(t->pattern, '*');
+	bool		ok = t->prefix_len >= 0 && star == t->pattern + t->prefix_len &&
+		t->config.rate >= RB_MIN_RATE && t->config.rate <= RB_MAX_RATE &&
+		t->config.capacity > 0.0 && t->config.capacity <= RB_MAX_CAPACITY;
+
+	if (!ok)
+		ereport(WARNING,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("template \"%s\" in ratebucket.bucket_templates is not valid: ignored",
+						t->pattern),
+				 errhint("Write templates with ratebucket.bucket_template.")));
+	return ok;
+}
+
+/*
+ * Read the templates into this backend's copy, as last committed (and as
+ * this transaction changed them): with the latest snapshot, whatever the
+ * isolation level, so that a first use after the templates' lock sees a
+ * change that committed while it waited.  The copy is kept only if no
+ * invalidation arrived while it was read.
+ */
 static void
 rb_template_load(void)
 {
+	uint64		seen = invalidations;
 	uint64		i;
+	int			n = 0;
 	int			rc;
 
 	if (copy != NULL)
@@ -154,12 +195,13 @@ rb_template_load(void)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute_plan(rb_spi_plan(&load_plan,
-									  "SELECT pattern, rate, capacity, floor_rate,"
-									  " throttle_factor, recovery_factor, breaker_failures"
-									  " FROM ratebucket.bucket_templates",
-									  0, NULL),
-						  NULL, NULL, false, 0);
+	rc = SPI_execute_snapshot(rb_spi_plan(&load_plan,
+										  "SELECT pattern, rate, capacity, floor_rate,"
+										  " throttle_factor, recovery_factor, breaker_failures"
+										  " FROM ratebucket.bucket_templates",
+										  0, NULL),
+							  NULL, NULL, GetLatestSnapshot(), InvalidSnapshot,
+							  false, false, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	if (SPI_processed > 0)
@@ -167,7 +209,7 @@ rb_template_load(void)
 									  sizeof(RbTemplate) * SPI_processed);
 	for (i = 0; i < SPI_processed; i++)
 	{
-		RbTemplate *t = &copy[i];
+		RbTemplate *t = &copy[n];
 		HeapTuple	row = SPI_tuptable->vals[i];
 		TupleDesc	desc = SPI_tuptable->tupdesc;
 		bool		isnull;
@@ -183,13 +225,15 @@ rb_template_load(void)
 		t->config.recovery_factor = rb_spi_float8(row, desc, 6);
 		d = SPI_getbinval(row, desc, 7, &isnull);
 		t->config.breaker_failures = isnull ? -1 : DatumGetInt32(d);
+		if (rb_template_usable(t))
+			n++;
 	}
-	copy_n = (int) SPI_processed;
+	copy_n = n;
 	if (SPI_finish() != SPI_OK_FINISH)
 		elog(ERROR, "SPI_finish failed");
 
 	qsort(copy, copy_n, sizeof(RbTemplate), rb_template_cmp);
-	copy_valid = !IsolationUsesXactSnapshot();
+	copy_valid = invalidations == seen;
 }
 
 /*
@@ -204,6 +248,8 @@ rb_template_match(text *endpoint, RbTemplate *out)
 	int			len = VARSIZE_ANY_EXHDR(endpoint);
 	int			i;
 
+	/* a change committed since this transaction last heard: drop the copy */
+	AcceptInvalidationMessages();
 	if (!OidIsValid(rb_templates_relid()))
 		return false;
 	if (!copy_valid)
@@ -220,9 +266,9 @@ rb_template_match(text *endpoint, RbTemplate *out)
 
 /*
  * rb_template_lock
- *		Lock the templates for a first use (SHARE, until commit) or for a
- *		change (SHARE ROW EXCLUSIVE), see the file header; the templates are
- *		then read again if a change committed meanwhile.
+ *		Lock the templates for a first use (ROW SHARE, until commit) or for
+ *		a change (EXCLUSIVE), see the file header; the templates are then
+ *		read again if a change committed meanwhile.
  */
 void
 rb_template_lock(bool change)
@@ -231,7 +277,7 @@ rb_template_lock(bool change)
 
 	if (!OidIsValid(relid))
 		return;
-	LockRelationOid(relid, change ? ShareRowExclusiveLock : ShareLock);
+	LockRelationOid(relid, change ? ExclusiveLock : RowShareLock);
 	/* the relid may have been reset by an invalidation the lock let in */
 	(void) rb_templates_relid();
 }
@@ -349,6 +395,7 @@ rb_template_followers(const char *pattern, bool outranked)
 	Oid			argtypes[2] = {TEXTOID, INT4OID};
 	Datum		values[2];
 	List	   *endpoints = NIL;
+	SPIPlanPtr	plan;
 	uint64		i;
 	int			rc;
 
@@ -356,24 +403,25 @@ rb_template_followers(const char *pattern, bool outranked)
 		elog(ERROR, "SPI_connect failed");
 	values[0] = CStringGetTextDatum(pattern);
 	values[1] = Int32GetDatum((int32) strlen(pattern));
+	/* with the latest snapshot: the followers as committed, whatever the level */
 	if (outranked)
-		rc = SPI_execute_plan(rb_spi_plan(&outranked_plan,
-										  "SELECT endpoint FROM ratebucket.buckets"
-										  " WHERE template IS NOT NULL"
-										  "  AND pg_catalog.starts_with(endpoint COLLATE \"C\","
-										  "   pg_catalog.rtrim($1, '*'))"
-										  "  AND pg_catalog.octet_length(template)"
-										  "   OPERATOR(pg_catalog.<=) $2"
-										  " ORDER BY endpoint COLLATE \"C\"",
-										  2, argtypes),
-							  values, NULL, false, 0);
+		plan = rb_spi_plan(&outranked_plan,
+						   "SELECT endpoint FROM ratebucket.buckets"
+						   " WHERE template IS NOT NULL"
+						   "  AND pg_catalog.starts_with(endpoint COLLATE \"C\","
+						   "   pg_catalog.rtrim($1, '*'))"
+						   "  AND pg_catalog.octet_length(template)"
+						   "   OPERATOR(pg_catalog.<=) $2"
+						   " ORDER BY endpoint COLLATE \"C\"",
+						   2, argtypes);
 	else
-		rc = SPI_execute_plan(rb_spi_plan(&followers_plan,
-										  "SELECT endpoint FROM ratebucket.buckets"
-										  " WHERE template OPERATOR(pg_catalog.=) $1"
-										  " ORDER BY endpoint COLLATE \"C\"",
-										  1, argtypes),
-							  values, NULL, false, 0);
+		plan = rb_spi_plan(&followers_plan,
+						   "SELECT endpoint FROM ratebucket.buckets"
+						   " WHERE template OPERATOR(pg_catalog.=) $1"
+						   " ORDER BY endpoint COLLATE \"C\"",
+						   1, argtypes);
+	rc = SPI_execute_snapshot(plan, values, NULL, GetLatestSnapshot(),
+							  InvalidSnapshot, false, false, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	for (i = 0; i < SPI_processed; i++)

@@ -349,6 +349,10 @@ rb_batch_lock(RbBatch *batch)
 {
 	int			i;
 
+	/* the templates' lock before any row, if a first use may need it */
+	for (i = 0; i < batch->nbuckets &&
+		 !rb_template_prelock(batch->buckets[i].endpoint); i++)
+		;
 	for (i = 0; i < batch->nbuckets; i++)
 	{
 		RbBatchBucket *b = &batch->buckets[i];

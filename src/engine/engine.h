@@ -130,6 +130,7 @@ extern int	rb_engine_stripe(text *endpoint, int stripes);
 
 /* template.c */
 extern bool rb_lock_configured(text *endpoint, RbBucket *bucket);
+extern bool rb_template_prelock(text *endpoint);
 extern bool rb_template_adopt_held(text *endpoint, RbBucket *bucket);
 extern bool rb_template_peek(text *endpoint, RbBucket *bucket, bool found);
 extern bool rb_engine_template_for(text *endpoint, RbTemplate *tmpl);

@@ -51,6 +51,9 @@ rb_all_lock(RbAllItem *items, int n)
 {
 	int			i;
 
+	/* the templates' lock before any row, if a first use may need it */
+	for (i = 0; i < n && !rb_template_prelock(items[i].endpoint); i++)
+		;
 	for (i = 0; i < n; i++)
 	{
 		if (!rb_lock_configured(items[i].endpoint, &items[i].bucket))

@@ -75,6 +75,27 @@ rb_template_for_use(text *endpoint, RbTemplate *tmpl)
 }
 
 /*
+ * rb_template_prelock
+ *		For a call that locks several rows in order and may configure some
+ *		of them from their template on the way (bucket_take_all,
+ *		bucket_take_batch), called for its keys before it locks any row:
+ *		if a template matches this key, take the templates' lock now and
+ *		return true (the caller stops asking).  Waiting for that lock while
+ *		holding rows, which a change of a template may have to lock, could
+ *		deadlock with the change.
+ */
+bool
+rb_template_prelock(text *endpoint)
+{
+	RbTemplate	tmpl;
+
+	if (!rb_template_match(endpoint, &tmpl))
+		return false;
+	rb_template_lock(false);
+	return true;
+}
+
+/*
  * rb_template_adopt_held
  *		The caller holds the endpoint's row, which has no configuration:
  *		configure it from the template that matches it, if one does.  True
@@ -191,6 +212,24 @@ rb_engine_template_for(text *endpoint, RbTemplate *tmpl)
 }
 
 /*
+ * Between two followers of a carry: a session that locks thousands of rows
+ * starts afresh every RB_CARRY_SESSION_ROWS of them (a storage session
+ * remembers every row it read), and a cancel is heard.
+ */
+#define RB_CARRY_SESSION_ROWS 256
+
+static void
+rb_template_next_follower(RbStorageSession *session, int done)
+{
+	CHECK_FOR_INTERRUPTS();
+	if ((done + 1) % RB_CARRY_SESSION_ROWS == 0)
+	{
+		rb_storage_end(session);
+		rb_storage_begin(session);
+	}
+}
+
+/*
  * rb_engine_template_set
  *		Create or replace a template (bucket_template), and configure every
  *		endpoint it now decides.  Returns how many.
@@ -211,7 +250,7 @@ rb_engine_template_set(const RbTemplate *tmpl, bool *created)
 	{
 		if (rb_template_carry((text *) lfirst(lc), tmpl))
 			n++;
-		CHECK_FOR_INTERRUPTS();
+		rb_template_next_follower(&session, foreach_current_index(lc));
 	}
 	rb_storage_end(&session);
 	return n;
@@ -253,7 +292,7 @@ rb_engine_template_drop(const char *pattern)
 			bucket.template_name[0] = '\0';
 			rb_storage_update(&bucket);
 		}
-		CHECK_FOR_INTERRUPTS();
+		rb_template_next_follower(&session, foreach_current_index(lc));
 	}
 	rb_storage_end(&session);
 	return found;
