@@ -21,15 +21,22 @@
 -- Endpoints configured above their true limit (a true rate below the
 -- configured rate, or a true burst below the configured capacity, at any
 -- time) must learn it, and then use it:
---   settle      seconds they may take to learn it, from their first request
---               and again from each change of their limit;
+--   settle      seconds they may take to learn it, from their first request;
+--   settle_change   and from each change of their limit: a lower limit is
+--               found in steps of ratebucket.return_fraction (0.85) of the
+--               rate, one per throttle episode, each a cooldown (1 s here)
+--               and a return (ratebucket.return_time, 2 s) at least, so a
+--               halving takes ceil(ln 0.5 / ln 0.85) = 5 episodes, about
+--               15 s; a higher one is found by the climb, within about
+--               one ratebucket.recovery_interval (20 s);
 --   late_429    at most this fraction of their requests (of that phase's,
 --               after a change) answered 429 once settled, or late_429_min
 --               429s if that is more (a destination with few requests: a
 --               single probe of its limit is more than 1 % of 100);
 --   min_share   delivered (2xx arrivals per second) at least this x the true
---               limit, over the second half of their delivery (but settle s
---               after a change) and over each settled phase after a change;
+--               limit, over the second half of their delivery (but
+--               settle_change s after a change) and over each settled phase
+--               after a change;
 --               and their last event
 --               delivered within the time their events take at min_share x
 --               the true limit (as it changes), + settle;
@@ -38,6 +45,7 @@
 --   min_window  a settled phase shorter than this (seconds) cannot be
 --               measured, and fails the check that needs it.
 \set settle 10
+\set settle_change 15
 \set late_429 0.01
 \set late_429_min 2
 \set min_share 0.8
@@ -305,17 +313,17 @@ SELECT p.name, p.events, p.requests, p.ok, p.first_t AS t0, p.last_ok_t AS t_end
                  FROM samples s
                  WHERE s.name = p.name AND s.t <= p.last_ok_t
                    AND s.t >= greatest((p.first_t + p.last_ok_t) / 2,
-                                       (SELECT f.t_from + :settle FROM phases f
+                                       (SELECT f.t_from + :settle_change FROM phases f
                                         WHERE f.name = p.name AND f.t_to IS NULL AND f.k > 0))),
                 p.effective_rate) AS effective_rate,
        (SELECT f.rate FROM phases f WHERE f.name = p.name AND f.t_to IS NULL) AS final_rate,
        (SELECT count(*) FROM phases f WHERE f.name = p.name) > 1 AS changes,
-       -- 429s once settled: after t0 + settle and outside settle s after each change
+       -- 429s once settled: after t0 + settle and outside settle_change s after each change
        (SELECT count(*) FROM seen s
         WHERE s.name = p.name AND s.status = 429 AND s.t > p.first_t + :settle
           AND NOT EXISTS (SELECT 1 FROM phases f
                           WHERE f.name = p.name AND f.k > 0
-                            AND s.t BETWEEN f.t_from AND f.t_from + :settle)) AS late_429
+                            AND s.t BETWEEN f.t_from AND f.t_from + :settle_change)) AS late_429
 FROM per_endpoint p WHERE p.name IN (SELECT name FROM above);
 
 -- (a) the second half of the delivery, against the mean true limit then.
@@ -326,7 +334,7 @@ CREATE TEMP TABLE second_half AS
 SELECT t.name, f.k, h.a, h.b, f.rate,
        pg_temp.delivered_rate(t.name, h.a, h.b) * (h.b - h.a) AS delivered
 FROM throttled t JOIN phases f ON f.name = t.name,
-     LATERAL (SELECT greatest(t.mid, f.t_from + CASE WHEN f.k > 0 THEN :settle ELSE 0 END) AS a,
+     LATERAL (SELECT greatest(t.mid, f.t_from + CASE WHEN f.k > 0 THEN :settle_change ELSE 0 END) AS a,
                      least(t.t_end, coalesce(f.t_to, 'Infinity')) AS b) h
 WHERE h.b > h.a;
 
@@ -340,7 +348,7 @@ GROUP BY t.name, t.changes;
 
 INSERT INTO demo_checks
 SELECT 6, format('above their limit: delivered/s over the second half of the delivery (but %s s after a change) >= %s x the true limit',
-                 :settle, :min_share),
+                 :settle_change, :min_share),
        coalesce(bool_and((delivered_rate >= :min_share * mean_limit) IS TRUE), false),
        string_agg(CASE WHEN delivered_rate IS NOT NULL THEN
                       format('%s %s/s over %s s (>= %s%s)', name,
@@ -353,8 +361,8 @@ FROM second_half_rate;
 
 -- (b) 429s once settled
 INSERT INTO demo_checks
-SELECT 7, format('above their limit: 429s later than %s s after the first request (or a change of limit) <= %s %% of the requests (or %s)',
-                 :settle, trim_scale(100 * :late_429), :late_429_min),
+SELECT 7, format('above their limit: 429s later than %s s after the first request (and %s s after a change of limit) <= %s %% of the requests (or %s)',
+                 :settle, :settle_change, trim_scale(100 * :late_429), :late_429_min),
        coalesce(bool_and((late_429 <= greatest(:late_429 * requests, :late_429_min)) IS TRUE), false),
        string_agg(format('%s %s of %s (%s %%)', name, late_429, requests,
                          round((100.0 * late_429 / greatest(requests, 1))::numeric, 1)), ', ' ORDER BY name)
@@ -388,30 +396,30 @@ FROM throttled;
 CREATE TEMP TABLE after_change AS
 SELECT f.name, f.k, f.t_from, f.factor, f.rate,
        least(coalesce(f.t_to, 'Infinity'), t.t_end) AS t_to,
-       least(coalesce(f.t_to, 'Infinity'), t.t_end) - (f.t_from + :settle) AS settled_len,
+       least(coalesce(f.t_to, 'Infinity'), t.t_end) - (f.t_from + :settle_change) AS settled_len,
        (SELECT count(*) FROM seen s
         WHERE s.name = f.name AND s.t >= f.t_from AND s.t < coalesce(f.t_to, 'Infinity')) AS requests,
        (SELECT count(*) FROM seen s
         WHERE s.name = f.name AND s.status = 429
-          AND s.t > f.t_from + :settle AND s.t < coalesce(f.t_to, 'Infinity')) AS late_429
+          AND s.t > f.t_from + :settle_change AND s.t < coalesce(f.t_to, 'Infinity')) AS late_429
 FROM phases f JOIN throttled t ON t.name = f.name
 WHERE f.k > 0;
 
 INSERT INTO demo_checks
 SELECT 10, format('after each change of limit: 429s later than %s s after it <= %s %% of the phase''s requests, then delivered/s >= %s x its limit',
-                  :settle, trim_scale(100 * :late_429), :min_share),
+                  :settle_change, trim_scale(100 * :late_429), :min_share),
        coalesce(bool_and((late_429 <= greatest(:late_429 * requests, :late_429_min) AND settled_len >= :min_window AND
-                          pg_temp.delivered_rate(name, t_from + :settle, t_to) >= :min_share * rate) IS TRUE), false),
+                          pg_temp.delivered_rate(name, t_from + :settle_change, t_to) >= :min_share * rate) IS TRUE), false),
        coalesce(string_agg(
            format('%s x%s at %s s: 429s %s of %s (%s %%), ', name, factor, round(t_from::numeric, 1),
                   late_429, requests, round((100.0 * late_429 / greatest(requests, 1))::numeric, 1)) ||
            CASE WHEN settled_len >= :min_window THEN
                format('%s/s from %s to %s s (>= %s)',
-                      round(pg_temp.delivered_rate(name, t_from + :settle, t_to)::numeric, 1),
-                      round((t_from + :settle)::numeric, 1), round(t_to::numeric, 1),
+                      round(pg_temp.delivered_rate(name, t_from + :settle_change, t_to)::numeric, 1),
+                      round((t_from + :settle_change)::numeric, 1), round(t_to::numeric, 1),
                       round((:min_share * rate)::numeric, 1))
            ELSE format('not measured: %s s from %s s (settled) to %s s, under %s s',
-                       round(greatest(settled_len, 0)::numeric, 1), round((t_from + :settle)::numeric, 1),
+                       round(greatest(settled_len, 0)::numeric, 1), round((t_from + :settle_change)::numeric, 1),
                        round(t_to::numeric, 1), :min_window) END,
            '; ' ORDER BY name, k), 'no endpoint configured above its limit changed it')
 FROM after_change;
