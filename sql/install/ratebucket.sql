@@ -845,6 +845,10 @@ BEGIN
 				   WHERE p.logicalrelid OPERATOR(pg_catalog.=) t.rel) THEN
 			object := t.rel::text; action := 'already distributed';
 		ELSIF t.col IS NULL THEN
+			-- the templates' statement trigger only tells the sessions of
+			-- the node it fires on to read the templates again, which is
+			-- what each node needs: "unsafe" triggers are safe here
+			PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
 			PERFORM pg_catalog.create_reference_table(t.rel);
 			object := t.rel::text; action := 'reference table';
 		ELSIF t.colocate IS NULL THEN

@@ -73,7 +73,7 @@ my $did = $coord->safe_psql('postgres',
 	q{SELECT string_agg(object || ': ' || action, E'\n' ORDER BY object) FROM ratebucket.distribute()});
 note($did);
 like($did, qr{^ratebucket\.buckets: distributed by endpoint$}m, 'buckets distributed by endpoint');
-like($did, qr{^bucket_take\(text,double precision,double precision,double precision\): delegated}m,
+like($did, qr{^ratebucket\.bucket_take\(text,double precision,double precision,double precision\): delegated}m,
 	'the explicit take delegated');
 my $again = $coord->safe_psql('postgres',
 	q{SELECT count(*) FILTER (WHERE action LIKE 'already%') || ' of ' || count(*) FROM ratebucket.distribute()});
@@ -81,31 +81,37 @@ like($again, qr{^(\d+) of \1$}, "distribute() again changes nothing ($again alre
 
 # --------------------------------------------------------------- delegated --
 
-my $plan = $coord->safe_psql('postgres',
-	q{EXPLAIN (VERBOSE, COSTS OFF) SELECT allowed FROM ratebucket.bucket_take('ep:1', 100, 20)});
-note($plan);
-like($plan, qr{bucket_take\('ep:1'}, 'EXPLAIN: the call itself is sent to a worker');
-my ($owner_port) = $plan =~ /port=(\d+)/;
-ok((grep { defined $owner_port && $_->port == $owner_port } @workers),
-	'EXPLAIN: the task runs on a worker (port ' . ($owner_port // '?') . ')');
-
-is($coord->safe_psql('postgres', q{SELECT allowed FROM ratebucket.bucket_take('ep:1', 100, 20)}),
-	't', 'a take of a new endpoint through the coordinator');
-is($coord->safe_psql('postgres', q{SELECT round(remaining) FROM ratebucket.bucket_take('ep:1', 100, 20)}),
-	'18', 'the second take finds the row the first made (it did not: 40001 after 1,000 tries)');
-my ($owner) = grep { $_->port == ($owner_port // 0) } @workers;
-if ($owner)
+# The worker that holds an endpoint's shard, by Citus's catalog.
+sub owner_port
 {
-	my $local = $owner->safe_psql('postgres', q{
-		SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = 'ratebucket' AND c.relname ~ '^buckets_[0-9]+$'});
-	ok($local > 0, $owner->name . " holds shards of ratebucket.buckets ($local)");
+	my ($endpoint) = @_;
+	return $coord->safe_psql('postgres', qq{
+		SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+		WHERE p.shardid = get_shard_id_for_distribution_column('ratebucket.buckets', '$endpoint'::text)});
 }
+
+for my $call (q{SELECT allowed FROM ratebucket.bucket_take('ep:1', 0.001, 20)},
+	q{SELECT allowed FROM ratebucket.bucket_take('load:' || 7, 50, 10)})
+{
+	my $plan = $coord->safe_psql('postgres', "EXPLAIN (VERBOSE, COSTS OFF) $call");
+	note($plan);
+	my ($port) = $plan =~ /port=(\d+)/;
+	my ($endpoint) = $call =~ /bucket_take\('([^']*)'/;
+	$endpoint .= '7' if $endpoint eq 'load:';
+	like($plan, qr{SELECT .*ratebucket\.bucket_take\(}, "EXPLAIN $endpoint: the call itself is sent on");
+	is($port // 'none', owner_port($endpoint),
+		"EXPLAIN $endpoint: to the worker that holds the endpoint's shard");
+}
+
+is($coord->safe_psql('postgres', q{SELECT allowed FROM ratebucket.bucket_take('ep:1', 0.001, 20)}),
+	't', 'a take of a new endpoint through the coordinator');
+is($coord->safe_psql('postgres', q{SELECT round(remaining) FROM ratebucket.bucket_take('ep:1', 0.001, 20)}),
+	'18', 'the second take finds the row the first made (it did not: 40001 after 1,000 tries)');
 
 # The configured take, feedback and peeks on distributed rows.
 $coord->safe_psql('postgres', q{SELECT ratebucket.bucket_configure('ep:conf', 0.001, 3)});
 is($coord->safe_psql('postgres', q{SELECT allowed || ' ' || remaining FROM ratebucket.bucket_take('ep:conf', 2)}),
-	't 1', 'a configured take of a configured endpoint');
+	'true 1', 'a configured take of a configured endpoint (it said "not configured")');
 is($coord->safe_psql('postgres', q{SELECT ratebucket.bucket_ready('ep:conf', 2)}),
 	'f', 'bucket_ready says what the row holds');
 is($coord->safe_psql('postgres', q{SELECT outcome || ' ' || cooldown_seconds FROM ratebucket.bucket_observe('ep:conf', 429, '60')}),
@@ -149,13 +155,16 @@ note("endpoints $n_endpoints, grants seen by the clients $seen, counted by the r
 is($n_endpoints, $endpoints, "every endpoint taken from ($n_endpoints)");
 is($seen, $counted, 'the grants the clients saw are the grants the rows counted');
 is($over, '0', "no endpoint above rate*T + capacity by its own clock, none miscounted ($over)");
+# The load was spread over both workers: each holds some of the endpoints.
 for my $w (@workers)
 {
-	my $rows = $w->safe_psql('postgres', q{
-		SELECT coalesce(sum(c.reltuples), 0) >= 0 FROM pg_class c
-		JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = 'ratebucket' AND c.relname ~ '^buckets_[0-9]+$'});
-	is($rows, 't', $w->name . ': shards in place');
+	my $held = $coord->safe_psql('postgres', sprintf(q{
+		SELECT count(*) FROM generate_series(1, %d) AS i
+		JOIN pg_dist_placement p
+		  ON p.shardid = get_shard_id_for_distribution_column('ratebucket.buckets', 'load:' || i)
+		JOIN pg_dist_node n USING (groupid)
+		WHERE n.nodeport = %d}, $endpoints, $w->port));
+	ok($held > 0 && $held < $endpoints, $w->name . " holds $held of the $endpoints endpoints");
 }
 
 $_->stop for reverse @nodes;
