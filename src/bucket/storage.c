@@ -12,9 +12,11 @@
  * on, and needs no privilege on the table itself, which it could otherwise
  * use to hand itself tokens.
  *
- * SPI is the portable path: on a distributed setup (Citus) it reaches the
- * local shard, where direct heap access would see an empty placeholder
- * (ratebucket.direct_access = off).  The direct path serves the lookups,
+ * SPI is the portable path: on a table Citus distributed it reaches the
+ * endpoint's shard, where direct heap access would see an empty shell, and
+ * it is used there by itself (rb_is_distributed).  Its UPDATE names the
+ * row by key and position, so that Citus sends it to one shard.  The
+ * direct path serves the lookups,
  * locks and updates of rows that exist, which is every take but a bucket's
  * first; inserting and deleting rows always goes through SPI, connected
  * only when needed.

@@ -12,6 +12,8 @@
 #   - the configured take, bucket_observe and the peeks work on
 #     distributed rows (they did not: the direct path read the empty
 #     distributed table's shell, and updates by ctid went to every shard);
+#   - bucket_take_all and bucket_take_batch over endpoints on both workers,
+#     all or nothing; templates configuring an endpoint on its worker;
 #   - 8 clients over 200 endpoints through the coordinator: 0 failed
 #     transactions; per endpoint, the grants the clients saw = the row's
 #     takes_granted <= rate*T + capacity by the row's own clock.
@@ -120,6 +122,47 @@ is($coord->safe_psql('postgres', q{
 	SELECT throttles || ' ' || (cooldown_until > now())
 	FROM ratebucket.buckets WHERE endpoint = 'ep:conf'}),
 	'1 true', 'the 429 is in the row');
+
+# Several buckets at once, on both workers: bucket_take_all and
+# bucket_take_batch run on the coordinator, which locks each row on its
+# worker, in the same order as on one node, and commits on both.
+$coord->safe_psql('postgres', q{
+SELECT ratebucket.bucket_configure('many:' || i, 0.001, 5) FROM generate_series(1, 6) AS i});
+is($coord->safe_psql('postgres', qq{
+	SELECT count(DISTINCT n.nodeport) FROM generate_series(1, 6) AS i
+	JOIN pg_dist_placement p
+	  ON p.shardid = get_shard_id_for_distribution_column('ratebucket.buckets', 'many:' || i)
+	JOIN pg_dist_node n USING (groupid)}), '2', 'six endpoints over both workers');
+is($coord->safe_psql('postgres', q{
+	SELECT allowed || ' ' || ARRAY(SELECT round(r::numeric) FROM unnest(remaining) AS r)::text
+	FROM ratebucket.bucket_take_all(ARRAY['many:1', 'many:2', 'many:3', 'many:4', 'many:5', 'many:6'],
+	                                ARRAY[1, 2, 3, 4, 5, 1]::float8[])}),
+	'true {4,3,2,1,0,4}', 'bucket_take_all over both workers: all granted, each row taken from');
+is($coord->safe_psql('postgres', q{
+	SELECT allowed || ' ' || ARRAY(SELECT round(r::numeric) FROM unnest(remaining) AS r)::text
+	FROM ratebucket.bucket_take_all(ARRAY['many:1', 'many:5'], ARRAY[1, 1]::float8[])}),
+	'false {4,0}', 'all or nothing: many:5 is empty, so many:1 keeps its tokens');
+is($coord->safe_psql('postgres', q{
+	SELECT string_agg(request || ':' || granted, ' ' ORDER BY request)
+	FROM ratebucket.bucket_take_batch(ARRAY[ROW(ARRAY['many:1', 'many:6'], 3, NULL),
+	                                        ROW(ARRAY['many:6'], 3, NULL)]::ratebucket.batch_request[])}),
+	'1:3 2:1', 'bucket_take_batch over both workers: the shared bucket granted in order');
+is($coord->safe_psql('postgres', q{
+	SELECT string_agg(endpoint || '=' || round(tokens::numeric), ' ' ORDER BY endpoint)
+	FROM ratebucket.buckets WHERE endpoint IN ('many:1', 'many:6')}),
+	'many:1=1 many:6=0', 'and the rows say so');
+
+# Templates: a reference table, read on the worker where a delegated take
+# meets an endpoint nobody configured; a change reaches it there.
+$coord->safe_psql('postgres', q{SELECT ratebucket.bucket_template('tpl:*', 0.001, 7)});
+is($coord->safe_psql('postgres', q{SELECT remaining FROM ratebucket.bucket_take('tpl:a')}),
+	'6', "a worker configures an endpoint from its template at its first take");
+is($coord->safe_psql('postgres', q{SELECT ratebucket.bucket_template('tpl:*', 0.001, 3)}),
+	'1', 'a change of the template is carried to it');
+is($coord->safe_psql('postgres', q{
+	SELECT conf_capacity || ' ' || template || ' ' || round(tokens::numeric)
+	FROM ratebucket.buckets WHERE endpoint = 'tpl:a'}),
+	'3 tpl:* 3', 'the row on its worker follows the template');
 
 # ------------------------------------------------------------------- load --
 
