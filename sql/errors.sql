@@ -67,6 +67,9 @@ WITH cases(stmt) AS (VALUES
 	($$SELECT ratebucket.bucket_take('e:new', 1, 1, 2)$$),
 	($$SELECT ratebucket.bucket_take('e:known', 0.000001, 5, 6)$$),
 	($$SELECT ratebucket.bucket_take('e:known', 0.000001, 1, 2)$$),
+	-- distribute, in a database without Citus
+	($$SELECT * FROM ratebucket.distribute()$$),
+	($$SELECT * FROM ratebucket.distribute(0)$$),
 	-- the configured form
 	($$SELECT ratebucket.bucket_take(NULL::text)$$),
 	($$SELECT ratebucket.bucket_take('')$$),

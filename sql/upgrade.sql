@@ -67,7 +67,8 @@ SELECT to_regclass('ratebucket.bucket_stripes') IS NULL AS no_stripe_table;
 SELECT f AS function_of_1_6, to_regprocedure(f) IS NOT NULL AS exists
 FROM unnest(ARRAY['ratebucket.bucket_template(text,float8,float8,float8,float8,float8,int)',
 				  'ratebucket.bucket_template_drop(text)',
-				  'ratebucket.bucket_template_for(text)']) AS f;
+				  'ratebucket.bucket_template_for(text)',
+				  'ratebucket.distribute(int)']) AS f;
 SELECT to_regclass('ratebucket.bucket_templates') IS NULL AS no_template_table;
 SELECT count(*) AS quota_columns FROM pg_attribute
 WHERE attrelid = 'ratebucket.buckets'::regclass AND attname LIKE 'quota%';
@@ -224,7 +225,7 @@ SELECT * FROM fresh_vs_updated ORDER BY object, property, side;
 -- form of bucket_observe with a fifth argument, sent_at) and of 1.6 (the
 -- table's column template and the view's, bucket_templates, its trigger
 -- and its functions, bucket_template, bucket_template_drop and
--- bucket_template_for), with all their properties
+-- bucket_template_for; distribute), with all their properties
 -- (privileges and comments included), and nothing else.  A later
 -- version's update adds its own lines here.
 SELECT coalesce(n.object, o.object) AS object, coalesce(n.property, o.property) AS property,

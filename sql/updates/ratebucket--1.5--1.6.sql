@@ -1,7 +1,7 @@
 /* ratebucket--1.5--1.6.sql */
 
 -- ratebucket 1.5 -> 1.6: templates, the configuration of endpoints nobody
--- configured, by key pattern.
+-- configured, by key pattern; and distribute(), for a Citus cluster.
 --
 -- The bucket table gets the template an endpoint follows, the status view
 -- shows it last; the templates have a table of their own, and three
@@ -82,6 +82,94 @@ LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION ratebucket.bucket_template_for(text) IS
 'The pattern of the template that configures the endpoint when it has no configuration of its own; NULL if none matches.';
 
+--
+-- Scale-out (Citus)
+--
+-- distribute: on a Citus coordinator, distribute ratebucket's tables by
+-- endpoint (the stripes and the in-flight caps co-located with the
+-- buckets, the templates a reference table on every node) and register
+-- every function that works on one endpoint as a distributed function on
+-- its first argument, so that a bare SELECT of it runs on the node that
+-- holds the endpoint.  Idempotent: what is already distributed is left as
+-- it is.  See doc/citus.md.
+--
+CREATE FUNCTION ratebucket.distribute(shard_count int DEFAULT NULL)
+RETURNS TABLE (object text, action text)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t record;
+	f regprocedure;
+BEGIN
+	IF pg_catalog.to_regproc('pg_catalog.create_distributed_table') IS NULL THEN
+		RAISE EXCEPTION 'Citus is not installed in this database'
+			USING ERRCODE = 'feature_not_supported',
+				  HINT = 'Run CREATE EXTENSION citus, then ratebucket.distribute() on the coordinator.';
+	END IF;
+	IF shard_count IS NOT NULL AND shard_count OPERATOR(pg_catalog.<) 1 THEN
+		RAISE EXCEPTION 'shard_count must be at least 1'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	FOR t IN SELECT * FROM (VALUES
+			(1, 'ratebucket.buckets'::regclass, 'endpoint', NULL::text),
+			(2, 'ratebucket.bucket_stripes'::regclass, 'endpoint', 'ratebucket.buckets'),
+			(3, 'ratebucket.inflight_caps'::regclass, 'key', 'ratebucket.buckets'),
+			(4, 'ratebucket.inflight_slots'::regclass, 'key', 'ratebucket.buckets'),
+			(5, 'ratebucket.bucket_templates'::regclass, NULL, NULL)) AS v(o, rel, col, colocate)
+		ORDER BY o
+	LOOP
+		IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition AS p
+				   WHERE p.logicalrelid OPERATOR(pg_catalog.=) t.rel) THEN
+			object := t.rel::text; action := 'already distributed';
+		ELSIF t.col IS NULL THEN
+			-- the templates' statement trigger only tells the sessions of
+			-- the node it fires on to read the templates again, which is
+			-- what each node needs: "unsafe" triggers are safe here
+			PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+			PERFORM pg_catalog.create_reference_table(t.rel);
+			object := t.rel::text; action := 'reference table';
+		ELSIF t.colocate IS NULL THEN
+			PERFORM pg_catalog.create_distributed_table(t.rel, t.col, shard_count => shard_count);
+			object := t.rel::text; action := 'distributed by ' || t.col;
+		ELSE
+			PERFORM pg_catalog.create_distributed_table(t.rel, t.col, colocate_with => t.colocate);
+			object := t.rel::text;
+			action := 'distributed by ' || t.col || ', co-located with ' || t.colocate;
+		END IF;
+		RETURN NEXT;
+	END LOOP;
+	FOR f IN SELECT p.oid::regprocedure
+			 FROM pg_catalog.pg_proc AS p
+			 WHERE p.pronamespace OPERATOR(pg_catalog.=) 'ratebucket'::regnamespace
+			   AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY[
+					 'bucket_take', 'bucket_take_upto', 'bucket_ready', 'bucket_wait',
+					 'bucket_claimable', 'bucket_grantable', 'bucket_configure',
+					 'bucket_configure_quota', 'bucket_stripe', 'bucket_observe',
+					 'bucket_pause', 'bucket_resume', 'bucket_reset', 'bucket_drop',
+					 'inflight_configure', 'inflight_acquire', 'inflight_release',
+					 'inflight_renew', 'inflight_drop'])
+			 ORDER BY 1::text
+	LOOP
+		object := f::text;
+		IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object AS d
+				   WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::regclass
+					 AND d.objid OPERATOR(pg_catalog.=) f::oid
+					 AND d.distribution_argument_index IS NOT NULL) THEN
+			action := 'already delegated';
+		ELSE
+			PERFORM pg_catalog.create_distributed_function(f, '$1',
+														   colocate_with => 'ratebucket.buckets');
+			action := 'delegated on its first argument';
+		END IF;
+		RETURN NEXT;
+	END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION ratebucket.distribute(int) IS
+'On a Citus coordinator: distribute the buckets by endpoint (shard_count: Citus''s default when NULL), co-locate the stripes and the in-flight caps with them, make the templates a reference table, and register every per-endpoint function to run on the node that holds its endpoint. Idempotent; one row per table and function, saying what was done.';
+
 -- The status view, with the template last.
 CREATE OR REPLACE VIEW ratebucket.bucket_status AS
 SELECT b.endpoint,
@@ -152,5 +240,6 @@ REVOKE ALL ON FUNCTION
 	ratebucket.bucket_templates_changed(),
 	ratebucket.bucket_template(text, float8, float8, float8, float8, float8, int),
 	ratebucket.bucket_template_drop(text),
-	ratebucket.bucket_template_for(text)
+	ratebucket.bucket_template_for(text),
+	ratebucket.distribute(int)
 	FROM PUBLIC;

@@ -45,6 +45,7 @@
 typedef struct RbBucket
 {
 	ItemPointerData tid;		/* where the row is (after a peek or a lock) */
+	text	   *key;			/* its endpoint, as the peek or lock was given */
 	double		rate;			/* limits in force (the ceiling) */
 	double		capacity;
 	RbState		state;			/* tokens at refilled_at */

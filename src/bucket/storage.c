@@ -12,9 +12,11 @@
  * on, and needs no privilege on the table itself, which it could otherwise
  * use to hand itself tokens.
  *
- * SPI is the portable path: on a distributed setup (Citus) it reaches the
- * local shard, where direct heap access would see an empty placeholder
- * (ratebucket.direct_access = off).  The direct path serves the lookups,
+ * SPI is the portable path: on a table Citus distributed it reaches the
+ * endpoint's shard, where direct heap access would see an empty shell, and
+ * it is used there by itself (rb_is_distributed).  Its UPDATE names the
+ * row by key and position, so that Citus sends it to one shard.  The
+ * direct path serves the lookups,
  * locks and updates of rows that exist, which is every take but a bucket's
  * first; inserting and deleting rows always goes through SPI, connected
  * only when needed.
@@ -26,6 +28,7 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "commands/extension.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
@@ -145,9 +148,9 @@ static char *update_sql;
 static const char *const delete_sql =
 "DELETE FROM " RB_QUALIFIED " WHERE endpoint OPERATOR(pg_catalog.=) $1";
 
-/* Parameter types: $1, then one per column. */
+/* Parameter types: $1, then one per column (and the update's key last). */
 static Oid	insert_argtypes[RB_NCOLUMNS + 1];
-static Oid	update_argtypes[RB_NCOLUMNS + 1];
+static Oid	update_argtypes[RB_NCOLUMNS + 2];
 
 /* Saved plans, prepared on first use in each backend. */
 static SPIPlanPtr lock_plan = NULL;
@@ -160,6 +163,7 @@ static SPIPlanPtr delete_plan = NULL;
 /* ratebucket.buckets and its owner, cached until the relcache says otherwise. */
 static Oid	table_relid = InvalidOid;
 static Oid	table_owner = InvalidOid;
+static bool table_distributed = false;	/* by Citus: see rb_is_distributed */
 
 /* The columns as direct.c sees them: rb_columns' names and SQL types. */
 static RbDirectColumn direct_columns[RB_NCOLUMNS];
@@ -262,7 +266,13 @@ rb_storage_build(void)
 	for (i = 0; i < n; i++)
 		appendStringInfo(&insert, ", $%d", i + 2);
 	appendStringInfoString(&insert, ") ON CONFLICT (endpoint) DO NOTHING");
-	appendStringInfoString(&update, " WHERE ctid OPERATOR(pg_catalog.=) $1");
+	/*
+	 * By key as well as by position: on a distributed table (Citus) a
+	 * statement without the distribution column goes to every shard.
+	 */
+	appendStringInfo(&update, " WHERE endpoint OPERATOR(pg_catalog.=) $%d"
+					 " AND ctid OPERATOR(pg_catalog.=) $1", n + 2);
+	update_argtypes[n + 1] = TEXTOID;
 
 	initStringInfo(&select);
 	appendStringInfo(&select,
@@ -324,6 +334,39 @@ rb_find_columns(Oid relid)
 		rb_storage_build();
 }
 
+/*
+ * rb_is_distributed
+ *		Is the table distributed by Citus?  On every node of a cluster its
+ *		name is then an empty shell and its rows are in shard tables: direct
+ *		access by name would see none, while SQL reaches the endpoint's shard
+ *		(on its node, through Citus's local execution).  Known from Citus's
+ *		catalog, pg_dist_partition, in a database that has Citus.
+ */
+static bool
+rb_is_distributed(Oid relid)
+{
+	Oid			argtypes[1] = {OIDOID};
+	Datum		values[1];
+	bool		distributed;
+	int			rc;
+
+	if (!OidIsValid(get_extension_oid("citus", true)))
+		return false;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	values[0] = ObjectIdGetDatum(relid);
+	rc = SPI_execute_with_args("SELECT 1 FROM pg_catalog.pg_dist_partition"
+							   " WHERE logicalrelid OPERATOR(pg_catalog.=)"
+							   " $1::pg_catalog.regclass",
+							   1, argtypes, values, NULL, true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "SPI_execute_with_args failed: %s", SPI_result_code_string(rc));
+	distributed = SPI_processed > 0;
+	if (SPI_finish() != SPI_OK_FINISH)
+		elog(ERROR, "SPI_finish failed");
+	return distributed;
+}
+
 /* Find ratebucket.buckets and its owner, or complain that it is missing. */
 static void
 rb_lookup_table(void)
@@ -348,6 +391,7 @@ rb_lookup_table(void)
 	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
 	ReleaseSysCache(tuple);
 	rb_find_columns(relid);
+	table_distributed = rb_is_distributed(relid);
 	table_relid = relid;
 	table_owner = owner;
 }
@@ -373,8 +417,8 @@ rb_storage_begin_session(RbStorageSession *session, bool peek_only)
 						   SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
 	session_spi = false;
-	session_direct = rb_direct_begin(table_relid, direct_columns, RB_NCOLUMNS,
-									 peek_only);
+	session_direct = !table_distributed &&
+		rb_direct_begin(table_relid, direct_columns, RB_NCOLUMNS, peek_only);
 }
 
 void
@@ -579,6 +623,7 @@ rb_find_direct(text *endpoint, RbDirectMode mode, RbBucket *bucket)
 	{
 		memset(bucket, 0, sizeof(*bucket));
 		bucket->tid = tid;
+		bucket->key = endpoint;
 		for (i = 0; i < RB_NCOLUMNS; i++)
 			rb_read_value(&rb_columns[i], values[i], nulls[i], bucket);
 	}
@@ -611,6 +656,7 @@ rb_select(SPIPlanPtr *plan, const char *sql, text *endpoint, RbBucket *bucket)
 	desc = SPI_tuptable->tupdesc;
 	memset(bucket, 0, sizeof(*bucket));
 	bucket->tid = *((ItemPointer) DatumGetPointer(SPI_getbinval(tuple, desc, 1, &isnull)));
+	bucket->key = endpoint;
 	for (i = 0; i < RB_NCOLUMNS; i++)
 	{
 		if (column_present[i])
@@ -696,13 +742,16 @@ rb_storage_peek(text *endpoint, RbBucket *bucket)
 	return rb_select(&peek_plan, peek_sql, endpoint, bucket);
 }
 
-/* Run INSERT or UPDATE with $1 = first and the bucket's columns after. */
+/*
+ * Run INSERT or UPDATE with $1 = first, the bucket's columns after, and
+ * then "last" if it is not NULL.
+ */
 static int
 rb_write(SPIPlanPtr *plan, const char *sql, Oid *argtypes, Datum first,
-		 const RbBucket *bucket, int expect)
+		 const RbBucket *bucket, text *last, int expect)
 {
-	Datum		values[RB_NCOLUMNS + 1];
-	char		nulls[RB_NCOLUMNS + 1];
+	Datum		values[RB_NCOLUMNS + 2];
+	char		nulls[RB_NCOLUMNS + 2];
 	int			rc;
 	int			i;
 	int			n = 0;
@@ -716,7 +765,12 @@ rb_write(SPIPlanPtr *plan, const char *sql, Oid *argtypes, Datum first,
 			rb_bind_column(&rb_columns[i], bucket, &values[n + 1], &nulls[n + 1]);
 			n++;
 		}
-	rc = SPI_execute_plan(rb_spi_plan(plan, sql, n + 1, argtypes),
+	if (last != NULL)
+	{
+		values[n + 1] = PointerGetDatum(last);
+		nulls[n + 1] = ' ';
+	}
+	rc = SPI_execute_plan(rb_spi_plan(plan, sql, n + 1 + (last != NULL), argtypes),
 						  values, nulls, false, 0);
 	if (rc != expect)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
@@ -733,7 +787,7 @@ bool
 rb_storage_insert(text *endpoint, const RbBucket *bucket)
 {
 	return rb_write(&insert_plan, insert_sql, insert_argtypes,
-					PointerGetDatum(endpoint), bucket, SPI_OK_INSERT) == 1;
+					PointerGetDatum(endpoint), bucket, NULL, SPI_OK_INSERT) == 1;
 }
 
 /* Write a row read directly; see rb_direct_update for "wait". */
@@ -767,8 +821,11 @@ rb_storage_update(RbBucket *bucket)
 			elog(ERROR, "bucket row to update was not found at its locked position");
 		return;
 	}
+	if (bucket->key == NULL)
+		elog(ERROR, "bucket row to update was not locked by its key");
 	if (rb_write(&update_plan, update_sql, update_argtypes,
-				 PointerGetDatum(&bucket->tid), bucket, SPI_OK_UPDATE) != 1)
+				 PointerGetDatum(&bucket->tid), bucket, bucket->key,
+				 SPI_OK_UPDATE) != 1)
 		elog(ERROR, "bucket row to update was not found at its locked position");
 }
 
