@@ -103,6 +103,21 @@ rb_templates_relid(void)
 }
 
 /*
+ * The length of a pattern's prefix: -1 unless it is a prefix and one final
+ * '*' (what a template's pattern is, wherever it comes from).
+ */
+static int
+rb_pattern_prefix(const char *pattern)
+{
+	size_t		len = strlen(pattern);
+
+	if (len == 0 || pattern[len - 1] != '*' ||
+		memchr(pattern, '*', len - 1) != NULL)
+		return -1;
+	return (int) len - 1;
+}
+
+/*
  * rb_template_check_pattern
  *		A pattern must be a prefix and one final '*', at most
  *		RB_MAX_PATTERN_BYTES long; returns the prefix's length.
@@ -111,6 +126,7 @@ int
 rb_template_check_pattern(const char *pattern)
 {
 	size_t		len = strlen(pattern);
+	int			prefix_len;
 
 	if (len > RB_MAX_PATTERN_BYTES)
 		ereport(ERROR,
@@ -118,14 +134,14 @@ rb_template_check_pattern(const char *pattern)
 				 errmsg("pattern is too long (%zu bytes)", len),
 				 errdetail("A template's pattern is at most %d bytes.",
 						   RB_MAX_PATTERN_BYTES)));
-	if (len == 0 || pattern[len - 1] != '*' ||
-		memchr(pattern, '*', len - 1) != NULL)
+	prefix_len = rb_pattern_prefix(pattern);
+	if (prefix_len < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid template pattern \"%s\"", pattern),
 				 errdetail("A pattern is a prefix followed by one '*', which ends it."),
 				 errhint("For example 'acct:*' for every key that starts with \"acct:\", or '*' for every key.")));
-	return (int) len - 1;
+	return prefix_len;
 }
 
 /* Most specific first: longest prefix first, then by pattern. */
@@ -158,8 +174,7 @@ rb_spi_float8(HeapTuple row, TupleDesc desc, int col)
 static bool
 rb_template_usable(const RbTemplate *t)
 {
-	const char *star = strchr(t->pattern, '*');
-	bool		ok = t->prefix_len >= 0 && star == t->pattern + t->prefix_len &&
+	bool		ok = t->prefix_len >= 0 &&
 		t->config.rate >= RB_MIN_RATE && t->config.rate <= RB_MAX_RATE &&
 		t->config.capacity > 0.0 && t->config.capacity <= RB_MAX_CAPACITY;
 
@@ -217,7 +232,7 @@ rb_template_load(void)
 
 		text_to_cstring_buffer(DatumGetTextPP(SPI_getbinval(row, desc, 1, &isnull)),
 							   t->pattern, RB_TEXT_LEN);
-		t->prefix_len = (int) strlen(t->pattern) - 1;
+		t->prefix_len = rb_pattern_prefix(t->pattern);
 		t->config.rate = rb_spi_float8(row, desc, 2);
 		t->config.capacity = rb_spi_float8(row, desc, 3);
 		t->config.floor_rate = rb_spi_float8(row, desc, 4);

@@ -89,10 +89,7 @@ rb_template_prelock(text *endpoint)
 {
 	RbTemplate	tmpl;
 
-	if (!rb_template_match(endpoint, &tmpl))
-		return false;
-	rb_template_lock(false);
-	return true;
+	return rb_template_for_use(endpoint, &tmpl);
 }
 
 /*
