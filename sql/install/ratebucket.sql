@@ -775,7 +775,10 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	n bigint;
+	n bigint := 0;
+	deleted bigint;
+	stmt text;
+	p record;
 BEGIN
 	IF idle IS NULL OR idle OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
 		RAISE EXCEPTION 'idle must be a non-negative interval'
@@ -786,23 +789,46 @@ BEGIN
 	-- expiries, or an expiry and a claim taking several buckets in
 	-- endpoint order, never wait for each other in a cycle.  The locking
 	-- re-checks the conditions against the newest version of each row.
-	DELETE FROM ratebucket.buckets AS b
-	USING (SELECT c.ctid AS tid
-		   FROM ratebucket.buckets AS c
-		   WHERE c.conf_rate IS NULL
-			 AND c.refilled_at OPERATOR(pg_catalog.<=)
-				 (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) idle)
-			 AND (ratebucket.bucket_now(c, pg_catalog.clock_timestamp())).expirable
-		   ORDER BY c.endpoint
-		   FOR UPDATE SKIP LOCKED) AS v
-	WHERE b.ctid OPERATOR(pg_catalog.=) v.tid;
-	GET DIAGNOSTICS n = ROW_COUNT;
-	RETURN n;
+	-- %1$s is the table: the buckets, or on Citus each of their shards.
+	stmt := pg_catalog.format(
+		'WITH d AS (DELETE FROM %%1$s AS b'
+		' USING (SELECT c.ctid AS tid FROM %%1$s AS c'
+		'        WHERE c.conf_rate IS NULL'
+		'          AND c.refilled_at OPERATOR(pg_catalog.<=)'
+		'              (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) %L::pg_catalog.interval)'
+		'          AND (ratebucket.bucket_now(ROW(c.*)::ratebucket.buckets,'
+		'                                     pg_catalog.clock_timestamp())).expirable'
+		'        ORDER BY c.endpoint'
+		'        FOR UPDATE SKIP LOCKED) AS v'
+		' WHERE b.ctid OPERATOR(pg_catalog.=) v.tid RETURNING 1)'
+		' SELECT pg_catalog.count(*) FROM d', idle);
+	IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+		IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition AS d
+				   WHERE d.logicalrelid OPERATOR(pg_catalog.=) 'ratebucket.buckets'::pg_catalog.regclass) THEN
+			-- Citus: on each shard, on the node that holds it, each in a
+			-- transaction of its own
+			FOR p IN SELECT * FROM pg_catalog.run_command_on_placements('ratebucket.buckets', stmt)
+					 ORDER BY shardid
+			LOOP
+				IF NOT p.success THEN
+					RAISE EXCEPTION 'could not expire the buckets of shard % on %:%: %',
+						p.shardid, p.nodename, p.nodeport, p.result
+						USING ERRCODE = 'connection_exception',
+							  DETAIL = pg_catalog.format('The other shards expired on their own; %s buckets were deleted there.',
+														 n);
+				END IF;
+				n := n OPERATOR(pg_catalog.+) p.result::pg_catalog.int8;
+			END LOOP;
+			RETURN n;
+		END IF;
+	END IF;
+	EXECUTE pg_catalog.format(stmt, 'ratebucket.buckets') INTO deleted;
+	RETURN deleted;
 END;
 $$;
 
 COMMENT ON FUNCTION ratebucket.bucket_expire(interval) IS
-'Delete buckets that were not configured, have not been refilled for idle, are full now, and hold nothing learned from feedback (a lowered rate, a cooldown, a pause, an open breaker, a run of failures): a later take recreates them full, so expiry changes no decision. Returns the number deleted.';
+'Delete buckets that were not configured, have not been refilled for idle, are full now, and hold nothing learned from feedback (a lowered rate, a cooldown, a pause, an open breaker, a run of failures): a later take recreates them full, so expiry changes no decision. Returns the number deleted. On Citus each shard expires on its node, in a transaction of its own.';
 
 --
 -- Scale-out (Citus)
@@ -899,7 +925,10 @@ COMMENT ON FUNCTION ratebucket.distribute(int) IS
 -- One row per endpoint, striped or not (a striped endpoint's tokens and
 -- take counters are its stripes', summed; the stripes' own rows are not
 -- listed), with the quota columns, the stripe count and the template at
--- the end.
+-- the end.  The stripes are found by their keys, listed
+-- first (keys), so that Citus can send the lookups to the shards that hold
+-- them; the rows go to the functions as ROW(b.*)::ratebucket.buckets,
+-- which a shard's own row type becomes there.
 CREATE VIEW ratebucket.bucket_status AS
 SELECT b.endpoint,
 	   b.rate,
@@ -946,17 +975,25 @@ SELECT b.endpoint,
 FROM ratebucket.buckets AS b
 	 LEFT JOIN ratebucket.bucket_stripes AS r
 		 ON r.endpoint OPERATOR(pg_catalog.=) b.endpoint
-	 CROSS JOIN LATERAL ratebucket.bucket_now(b, pg_catalog.clock_timestamp()) AS n
-	 CROSS JOIN LATERAL ratebucket.quota_now(b, pg_catalog.clock_timestamp()) AS q
-	 LEFT JOIN LATERAL (
-		 SELECT pg_catalog.sum((ratebucket.bucket_now(s, pg_catalog.clock_timestamp())).tokens) AS tokens,
+	 CROSS JOIN LATERAL ratebucket.bucket_now(ROW(b.*)::ratebucket.buckets,
+											  pg_catalog.clock_timestamp()) AS n
+	 CROSS JOIN LATERAL ratebucket.quota_now(ROW(b.*)::ratebucket.buckets,
+											 pg_catalog.clock_timestamp()) AS q
+	 LEFT JOIN (
+		 WITH keys AS MATERIALIZED (
+			 SELECT k.endpoint, ratebucket.stripe_key(k.endpoint, i, k.stripes) AS key
+			 FROM ratebucket.bucket_stripes AS k,
+				  pg_catalog.generate_series(0, k.stripes OPERATOR(pg_catalog.-) 1) AS i)
+		 SELECT keys.endpoint,
+				pg_catalog.sum((ratebucket.bucket_now(ROW(s.*)::ratebucket.buckets,
+													  pg_catalog.clock_timestamp())).tokens) AS tokens,
 				pg_catalog.max(s.last_granted_at) AS last_granted_at,
 				CAST(pg_catalog.sum(s.takes_granted) AS pg_catalog.int8) AS takes_granted,
 				pg_catalog.sum(s.tokens_granted) AS tokens_granted
-		 FROM pg_catalog.generate_series(0, r.stripes OPERATOR(pg_catalog.-) 1) AS i
-			  JOIN ratebucket.buckets AS s
-				  ON s.endpoint OPERATOR(pg_catalog.=) ratebucket.stripe_key(b.endpoint, i, r.stripes)
-	 ) AS st ON r.stripes IS NOT NULL
+		 FROM keys
+			  JOIN ratebucket.buckets AS s ON s.endpoint OPERATOR(pg_catalog.=) keys.key
+		 GROUP BY keys.endpoint
+	 ) AS st ON st.endpoint OPERATOR(pg_catalog.=) b.endpoint
 WHERE pg_catalog.octet_length(b.endpoint) OPERATOR(pg_catalog.<=) 1024;
 
 COMMENT ON VIEW ratebucket.bucket_status IS

@@ -23,7 +23,9 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "catalog/pg_namespace.h"
 #include "catalog/pg_type.h"
+#include "commands/extension.h"
 #include "executor/spi.h"
 #include "nodes/makefuncs.h"
 #include "parser/parse_func.h"
@@ -40,7 +42,9 @@ static SPIPlanPtr lock_cap_plan = NULL;
 static SPIPlanPtr reclaim_plan = NULL;
 static SPIPlanPtr count_plan = NULL;
 static SPIPlanPtr insert_plan = NULL;
+static SPIPlanPtr group_plan = NULL;
 static SPIPlanPtr release_plan = NULL;
+static SPIPlanPtr renew_lock_plan = NULL;
 static SPIPlanPtr renew_plan = NULL;
 static SPIPlanPtr drop_cap_plan = NULL;
 static SPIPlanPtr drop_slots_plan = NULL;
@@ -146,8 +150,9 @@ rb_inflight_reclaim(text *key, TimestampTz now)
 	values[1] = TimestampTzGetDatum(now);
 	rb_inflight_exec(rb_spi_plan(&reclaim_plan,
 								 "DELETE FROM ratebucket.inflight_slots AS s"
-								 " WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
-								 "SELECT x.ctid FROM ratebucket.inflight_slots AS x"
+								 " WHERE s.key OPERATOR(pg_catalog.=) $1"
+								 " AND s.slot OPERATOR(pg_catalog.=) ANY (ARRAY("
+								 "SELECT x.slot FROM ratebucket.inflight_slots AS x"
 								 " WHERE x.key OPERATOR(pg_catalog.=) $1"
 								 " AND x.lease_until OPERATOR(pg_catalog.<=) $2"
 								 " FOR UPDATE SKIP LOCKED))",
@@ -161,6 +166,32 @@ rb_inflight_reclaim(text *key, TimestampTz now)
 					 values, NULL, SPI_OK_SELECT);
 	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
 									   SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
+ * The first slot id of this node: slot ids come from the node's own
+ * sequence, plus this.  0 on one node.  On a Citus cluster the nodes'
+ * sequences run independently, and a key's slots are acquired where its
+ * shard lives, on the coordinator too for calls it does not delegate: each
+ * node's ids start at its Citus group id << 48, so no two nodes hand out
+ * the same id, and a shard that moves keeps ids the new node never gives.
+ */
+static int64
+rb_inflight_slot_base(void)
+{
+	bool		isnull;
+	Datum		group;
+
+	if (!OidIsValid(get_extension_oid("citus", true)) ||
+		!OidIsValid(get_relname_relid("pg_dist_local_group", PG_CATALOG_NAMESPACE)))
+		return 0;
+	rb_inflight_exec(rb_spi_plan(&group_plan,
+								 "SELECT pg_catalog.max(g.groupid)::pg_catalog.int8"
+								 " FROM pg_catalog.pg_dist_local_group AS g",
+								 0, NULL),
+					 NULL, NULL, SPI_OK_SELECT);
+	group = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return isnull ? 0 : DatumGetInt64(group) << 48;
 }
 
 static int
@@ -181,8 +212,8 @@ rb_int64_cmp(const void *a, const void *b)
 int
 rb_inflight_acquire(text *key, int32 n, MemoryContext cxt, int64 **slots)
 {
-	Oid			argtypes[4] = {TEXTOID, TIMESTAMPTZOID, INTERVALOID, INT4OID};
-	Datum		values[4];
+	Oid			argtypes[5] = {TEXTOID, TIMESTAMPTZOID, INTERVALOID, INT4OID, INT8OID};
+	Datum		values[5];
 	int32		cap;
 	Datum		lease;
 	TimestampTz now;
@@ -206,12 +237,17 @@ rb_inflight_acquire(text *key, int32 n, MemoryContext cxt, int64 **slots)
 	values[1] = TimestampTzGetDatum(now);
 	values[2] = lease;
 	values[3] = Int32GetDatum(k);
+	values[4] = Int64GetDatum(rb_inflight_slot_base());
 	rb_inflight_exec(rb_spi_plan(&insert_plan,
-								 "INSERT INTO ratebucket.inflight_slots (key, acquired_at, lease_until)"
-								 " SELECT $1, $2, $2 OPERATOR(pg_catalog.+) $3"
+								 "INSERT INTO ratebucket.inflight_slots AS s"
+								 " (key, slot, acquired_at, lease_until)"
+								 " OVERRIDING SYSTEM VALUE"
+								 " SELECT $1, $5 OPERATOR(pg_catalog.+) pg_catalog.nextval("
+								 "pg_catalog.pg_get_serial_sequence('ratebucket.inflight_slots', 'slot')::pg_catalog.regclass),"
+								 " $2, $2 OPERATOR(pg_catalog.+) $3"
 								 " FROM pg_catalog.generate_series(1, $4)"
-								 " RETURNING slot",
-								 4, argtypes),
+								 " RETURNING s.slot",
+								 5, argtypes),
 					 values, NULL, SPI_OK_INSERT_RETURNING);
 	for (i = 0; i < SPI_processed; i++)
 	{
@@ -262,9 +298,9 @@ rb_inflight_release(text *key, ArrayType *slots)
 int
 rb_inflight_renew(text *key, ArrayType *slots, Interval *lease)
 {
-	Oid			argtypes[3] = {TEXTOID, INT8ARRAYOID, INTERVALOID};
-	Datum		values[3];
-	char		nulls[3] = {' ', ' ', ' '};
+	Oid			argtypes[4] = {TEXTOID, INT8ARRAYOID, INTERVALOID, TIMESTAMPTZOID};
+	Datum		values[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
 	int			n;
 
 	values[0] = PointerGetDatum(key);
@@ -275,20 +311,29 @@ rb_inflight_renew(text *key, ArrayType *slots, Interval *lease)
 	rb_inflight_connect();
 
 	/*
-	 * The clock is read for each row, as it is found and as it is checked
-	 * again after waiting for a holder of the row: a slot that expired
-	 * during the wait is not renewed.
+	 * Lock the slots first, in order, and read the clock once they are
+	 * held: a slot that expired while this waited for its holder (a late
+	 * release, say) is not renewed.  The clock is a parameter of the
+	 * UPDATE, not a volatile call in it, which a distributed table's UPDATE
+	 * could not run.
 	 */
+	rb_inflight_exec(rb_spi_plan(&renew_lock_plan,
+								 "SELECT s.slot FROM ratebucket.inflight_slots AS s"
+								 " WHERE s.key OPERATOR(pg_catalog.=) $1"
+								 " AND s.slot OPERATOR(pg_catalog.=) ANY ($2)"
+								 " ORDER BY s.slot FOR UPDATE OF s",
+								 2, argtypes),
+					 values, nulls, SPI_OK_SELECT);
+	values[3] = TimestampTzGetDatum(GetCurrentTimestamp());
 	rb_inflight_exec(rb_spi_plan(&renew_plan,
 								 "UPDATE ratebucket.inflight_slots AS s"
-								 " SET lease_until = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+)"
-								 " COALESCE($3, c.lease)"
+								 " SET lease_until = $4 OPERATOR(pg_catalog.+) COALESCE($3, c.lease)"
 								 " FROM ratebucket.inflight_caps AS c"
 								 " WHERE c.key OPERATOR(pg_catalog.=) s.key"
 								 " AND s.key OPERATOR(pg_catalog.=) $1"
 								 " AND s.slot OPERATOR(pg_catalog.=) ANY ($2)"
-								 " AND s.lease_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()",
-								 3, argtypes),
+								 " AND s.lease_until OPERATOR(pg_catalog.>) $4",
+								 4, argtypes),
 					 values, nulls, SPI_OK_UPDATE);
 	n = (int) SPI_processed;
 	rb_inflight_finish();

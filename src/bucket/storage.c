@@ -34,6 +34,7 @@
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
+#include "storage/lockdefs.h"
 #include "utils/builtins.h"
 #include "utils/float.h"
 #include "utils/inval.h"
@@ -159,6 +160,7 @@ static SPIPlanPtr peek_plan = NULL;
 static SPIPlanPtr insert_plan = NULL;
 static SPIPlanPtr update_plan = NULL;
 static SPIPlanPtr delete_plan = NULL;
+static SPIPlanPtr shard_lock_plan = NULL;	/* Citus: rb_lock_shard */
 
 /* ratebucket.buckets and its owner, cached until the relcache says otherwise. */
 static Oid	table_relid = InvalidOid;
@@ -701,6 +703,36 @@ rb_storage_from_row(HeapTupleHeader row, RbBucket *bucket)
 }
 
 /*
+ * On Citus, keep the endpoint's shard where it is until the transaction
+ * ends, as Citus's own UPDATE would: its share lock on the shard's
+ * placement metadata, which a shard move or split takes exclusively before
+ * it copies the shard.  Citus plans a SELECT ... FOR UPDATE as a read and
+ * takes no such lock for it, so a move could otherwise complete between the
+ * row's lock, held in the old placement, and its UPDATE, which would then
+ * go to the new one, where no lock is held.  (A call that waits here for a
+ * move to finish then finds the row in its new placement.)
+ */
+static void
+rb_lock_shard(text *endpoint)
+{
+	Oid			argtypes[1] = {TEXTOID};
+	Datum		values[1];
+	int			rc;
+
+	StaticAssertStmt(ShareLock == 5, "the lock mode lock_shard_metadata is given");
+	rb_spi_connect();
+	values[0] = PointerGetDatum(endpoint);
+	rc = SPI_execute_plan(rb_spi_plan(&shard_lock_plan,
+									  "SELECT pg_catalog.lock_shard_metadata(5, ARRAY["
+									  "pg_catalog.get_shard_id_for_distribution_column("
+									  "'" RB_QUALIFIED "'::pg_catalog.regclass, $1)])",
+									  1, argtypes),
+						  values, NULL, false, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+}
+
+/*
  * rb_storage_lock
  *		Lock the endpoint's row (FOR NO KEY UPDATE, waiting for a holder) and
  *		read it.  Returns false if there is no such row.
@@ -714,6 +746,8 @@ rb_storage_lock(text *endpoint, RbBucket *bucket)
 {
 	if (session_direct)
 		return rb_find_direct(endpoint, RB_DIRECT_LOCK, bucket) == RB_FOUND;
+	if (table_distributed)
+		rb_lock_shard(endpoint);
 	return rb_select(&lock_plan, lock_sql, endpoint, bucket);
 }
 
@@ -727,6 +761,8 @@ rb_storage_lock_skip(text *endpoint, RbBucket *bucket)
 {
 	if (session_direct)
 		return rb_find_direct(endpoint, RB_DIRECT_LOCK_SKIP, bucket) == RB_FOUND;
+	if (table_distributed)
+		rb_lock_shard(endpoint);
 	return rb_select(&lock_skip_plan, lock_skip_sql, endpoint, bucket);
 }
 

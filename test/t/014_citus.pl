@@ -14,9 +14,18 @@
 #     distributed table's shell, and updates by ctid went to every shard);
 #   - bucket_take_all and bucket_take_batch over endpoints on both workers,
 #     all or nothing; templates configuring an endpoint on its worker;
+#   - the status view over the workers (a striped endpoint's stripes live on
+#     other shards), in-flight caps with slot ids unique over the nodes,
+#     expiry on every shard;
 #   - 8 clients over 200 endpoints through the coordinator: 0 failed
 #     transactions; per endpoint, the grants the clients saw = the row's
-#     takes_granted <= rate*T + capacity by the row's own clock.
+#     takes_granted <= rate*T + capacity by the row's own clock;
+#   - a worker killed (SIGKILL) under that load: after its crash recovery
+#     no endpoint has lost a take its client saw committed, and the bound
+#     holds;
+#   - a shard moved to the other worker (citus_move_shard_placement) under
+#     that load: 0 failed transactions, every grant counted, the bound kept,
+#     and the moved endpoints taken from on their new worker.
 #
 # Skipped, saying so, where Citus is not installed (build it with
 # ../shared/citus/build-citus, or let ./test/run do it: see
@@ -28,6 +37,8 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes;
+use IPC::Run;
 
 use lib 'test/perl';
 use RatebucketTest;
@@ -48,6 +59,9 @@ citus.shard_count = 8
 wal_level = logical
 };
 my @nodes = map { new_node($_, conf => $conf) } qw(coordinator worker1 worker2);
+# A node that connects to itself (a shard move, the recovery of two-phase
+# commits) does so over the socket the tests use.
+$_->append_conf('postgresql.conf', "citus.local_hostname = '" . $_->host . "'\n") for @nodes;
 $_->start for @nodes;
 my ($coord, @workers) = @nodes;
 $_->safe_psql('postgres', 'CREATE EXTENSION citus') for @nodes;
@@ -164,6 +178,79 @@ is($coord->safe_psql('postgres', q{
 	FROM ratebucket.buckets WHERE endpoint = 'tpl:a'}),
 	'3 tpl:* 3', 'the row on its worker follows the template');
 
+# The status view on the cluster: a striped endpoint's stripes hash to other
+# shards than its own row, and the view sums them there (it failed: "complex
+# joins are only supported ..."; and a shard's row met functions that take
+# ratebucket.buckets).
+$coord->safe_psql('postgres', q{
+SELECT ratebucket.bucket_configure('hot', 0.001, 40);
+SELECT ratebucket.bucket_stripe('hot', 4);});
+$coord->safe_psql('postgres', q{SELECT ratebucket.bucket_take('hot')}) for 1 .. 6;
+is($coord->safe_psql('postgres', q{
+	SELECT count(DISTINCT n.nodeport) FROM generate_series(0, 3) AS i
+	JOIN pg_dist_placement p
+	  ON p.shardid = get_shard_id_for_distribution_column('ratebucket.buckets',
+	                                                       ratebucket.stripe_key('hot', i, 4))
+	JOIN pg_dist_node n USING (groupid)}), '2', "hot's four stripes live on both workers");
+is($coord->safe_psql('postgres', q{
+	SELECT stripes || ' ' || round(tokens::numeric) || ' ' || takes_granted
+	FROM ratebucket.bucket_status WHERE endpoint = 'hot'}),
+	'4 34 6', 'bucket_status sums the stripes over the workers: 40 - 6 tokens, 6 takes');
+is($coord->safe_psql('postgres', q{
+	SELECT count(*) || ' ' || count(*) FILTER (WHERE tokens IS NULL)
+	FROM ratebucket.bucket_status}),
+	$coord->safe_psql('postgres', q{
+	SELECT count(*) || ' 0' FROM ratebucket.buckets WHERE octet_length(endpoint) <= 1024}),
+	'bucket_status: one row per endpoint of the cluster, each with its tokens');
+
+# In-flight caps, delegated: the slots of a key live with it.  Slot ids are
+# unique over the cluster: a call the coordinator does not delegate (part of
+# a larger query) acquires through the coordinator's sequence, a delegated
+# one through the worker's (before, both started at 1 and the second
+# acquire of a key failed on its primary key).
+$coord->safe_psql('postgres', q{SELECT ratebucket.inflight_configure('cap:' || i, 3) FROM generate_series(1, 4) AS i});
+my @delegated = map {
+	$coord->safe_psql('postgres', qq{SELECT ratebucket.inflight_acquire('cap:$_', 2)})
+} 1 .. 4;
+my $nested = $coord->safe_psql('postgres', q{
+	SELECT string_agg(s::text, ',') FROM generate_series(1, 4) AS i,
+	     unnest(ratebucket.inflight_acquire('cap:' || i, 2)) AS s});
+my @all = map { /(\d+)/g } @delegated, $nested;
+is(scalar(@all), 12, 'two slots of each cap delegated, then one more each (the cap is 3)');
+my %seen;
+$seen{$_}++ for @all;
+is(scalar(keys %seen), 12, 'no slot id handed out twice over the nodes: ' . join(',', sort @all));
+is($coord->safe_psql('postgres', q{SELECT ratebucket.inflight_acquire('cap:1')}),
+	'{}', 'the cap holds: a fourth slot is refused');
+my ($s1) = $delegated[0] =~ /(\d+)/;
+is($coord->safe_psql('postgres', qq{SELECT ratebucket.inflight_renew('cap:1', ARRAY[$s1]::bigint[], '1 hour')}),
+	'1', 'inflight_renew on a worker (it failed: a volatile clock in a distributed UPDATE)');
+is($coord->safe_psql('postgres', qq{SELECT ratebucket.inflight_release('cap:1', ARRAY[$s1]::bigint[])}),
+	'1', 'inflight_release frees it');
+is($coord->safe_psql('postgres', q{
+	SELECT string_agg(key || '=' || in_flight, ' ' ORDER BY key) FROM ratebucket.inflight_status}),
+	'cap:1=2 cap:2=3 cap:3=3 cap:4=3', 'inflight_status over the cluster');
+# An expired slot is reclaimed by the next acquire, on the worker (the
+# reclaim deleted by ctid, which Citus refuses).
+$coord->safe_psql('postgres', q{SELECT ratebucket.inflight_configure('cap:short', 1, '10 ms')});
+$coord->safe_psql('postgres', q{SELECT ratebucket.inflight_acquire('cap:short')});
+select(undef, undef, undef, 0.05);
+is($coord->safe_psql('postgres', q{SELECT cardinality(ratebucket.inflight_acquire('cap:short'))}),
+	'1', 'an expired slot is reclaimed by the next acquire');
+
+# Expiry runs on each shard: the idle, full, unconfigured buckets go, on
+# both workers; configured ones stay (it failed: FOR UPDATE over shards).
+$coord->safe_psql('postgres', q{SELECT ratebucket.bucket_take('idle:' || i, 1000, 1) FROM generate_series(1, 12) AS i});
+select(undef, undef, undef, 0.05);
+my $idle_before = $coord->safe_psql('postgres', q{SELECT count(*) FROM ratebucket.buckets WHERE endpoint LIKE 'idle:%'});
+my $kept_before = $coord->safe_psql('postgres', q{SELECT count(*) FROM ratebucket.buckets WHERE conf_rate IS NOT NULL});
+ok($coord->safe_psql('postgres', q{SELECT ratebucket.bucket_expire('0')}) >= 12,
+	'bucket_expire deletes on the workers');
+is($coord->safe_psql('postgres', q{SELECT count(*) FROM ratebucket.buckets WHERE endpoint LIKE 'idle:%'}),
+	'0', "the $idle_before idle buckets are gone from both workers");
+is($coord->safe_psql('postgres', q{SELECT count(*) FROM ratebucket.buckets WHERE conf_rate IS NOT NULL}),
+	$kept_before, 'the configured buckets are kept');
+
 # ------------------------------------------------------------------- load --
 
 # 8 clients over 200 endpoints, each at 50/s in bursts of 10, through the
@@ -209,6 +296,124 @@ for my $w (@workers)
 		WHERE n.nodeport = %d}, $endpoints, $w->port));
 	ok($held > 0 && $held < $endpoints, $w->name . " holds $held of the $endpoints endpoints");
 }
+
+# --------------------------------------------- a worker killed mid-load --
+
+# pgbench through the coordinator, in the background, over endpoints of
+# both workers; the script of the load above, recording into a table of
+# its own.  Returns the IPC::Run handle and refs to its output.
+sub start_load
+{
+	my ($prefix, $table, $seconds) = @_;
+	my $script = $coord->basedir . "/014_$prefix.sql";
+	open(my $fh, '>', $script) or die "cannot write $script: $!";
+	print $fh qq{\\set e random(1, $endpoints)
+SELECT allowed AS granted FROM ratebucket.bucket_take('$prefix:' || :e, $rate, $capacity) \\gset
+\\if :granted
+INSERT INTO $table VALUES ('$prefix:' || :e);
+\\endif
+};
+	close $fh;
+	my ($out, $err) = ('', '');
+	my $h = IPC::Run::start(
+		[ 'pgbench', '-n', '-c', 8, '-j', 2, '-T', $seconds, '-f', $script,
+		  '-h', $coord->host, '-p', $coord->port, 'postgres' ],
+		'<', \undef, '>', \$out, '2>', \$err,
+		IPC::Run::timer($PostgreSQL::Test::Utils::timeout_default));
+	return ($h, \$out, \$err);
+}
+
+# Per endpoint of $prefix: how many rows, the grants the clients saw, the
+# grants the rows counted, endpoints whose row counted fewer grants than
+# its clients saw (a committed take lost), and endpoints above the bound.
+sub load_figures
+{
+	my ($prefix, $table) = @_;
+	return split /\|/, $coord->safe_psql('postgres', qq{
+WITH g AS (SELECT endpoint, count(*) AS n FROM $table GROUP BY endpoint),
+     b AS (SELECT endpoint, takes_granted,
+                  $rate * extract(epoch FROM last_granted_at - created_at) + $capacity AS bound
+           FROM ratebucket.buckets WHERE endpoint LIKE '$prefix:%')
+SELECT count(*), coalesce(sum(g.n), 0), coalesce(sum(b.takes_granted), 0),
+       count(*) FILTER (WHERE coalesce(b.takes_granted, 0) < coalesce(g.n, 0)),
+       count(*) FILTER (WHERE b.takes_granted > b.bound + 1e-6)
+FROM b FULL JOIN g USING (endpoint)});
+}
+
+$coord->safe_psql('postgres', 'CREATE TABLE grants_crash (endpoint text NOT NULL)');
+my ($crash_load, $crash_out, $crash_err) = start_load('crash', 'grants_crash', 30);
+Time::HiRes::sleep(2);
+my $before_kill = $coord->safe_psql('postgres', 'SELECT count(*) FROM grants_crash');
+cmp_ok($before_kill, '>', 0, "load running through the coordinator ($before_kill grants so far)");
+my $victim = $workers[0];
+my $kill = kill_server($victim);
+note(sprintf('%s killed (SIGKILL to the postmaster and its %d children)',
+		$victim->name, scalar @{ $kill->{children} }));
+$crash_load->finish;
+note("pgbench, stderr (first lines):\n"
+	  . join("\n", grep { defined } (split /\n/, $$crash_err)[0 .. 3]));
+like($$crash_err, qr/connection|terminat|abort|lost/i,
+	'the clients whose takes went to the killed worker saw it die');
+$victim->start;
+ok($victim->log_contains(qr/database system was interrupted|not properly shut down/),
+	$victim->name . ' restarted with crash recovery');
+my ($c_rows, $c_seen, $c_counted, $c_lost, $c_over) = load_figures('crash', 'grants_crash');
+note("after the crash: $c_rows endpoints, grants seen by the clients $c_seen, counted by the rows $c_counted");
+is($c_lost, '0', "no endpoint lost a take its client saw committed ($c_seen seen, $c_counted counted)");
+is($c_over, '0', 'no endpoint above rate*T + capacity after the crash');
+# The restarted worker serves takes again, through the coordinator.
+my $on_victim = $coord->safe_psql('postgres', sprintf(q{
+	SELECT 'crash:' || i FROM generate_series(1, %d) AS i
+	JOIN pg_dist_placement p
+	  ON p.shardid = get_shard_id_for_distribution_column('ratebucket.buckets', 'crash:' || i)
+	JOIN pg_dist_node n USING (groupid)
+	WHERE n.nodeport = %d LIMIT 1}, $endpoints, $victim->port));
+is($coord->safe_psql('postgres', qq{SELECT count(*) FROM ratebucket.bucket_take('$on_victim', 0.001, 5)}),
+	'1', "a take of $on_victim, held by the restarted worker");
+
+# ---------------------------------------------- a shard moved under load --
+
+# citus_move_shard_placement moves a shard of the buckets (and the shards
+# co-located with it) from one worker to the other while 8 clients take
+# through the coordinator, some of them from endpoints of that shard.
+my ($move_shard, $move_from) = split /\|/, $coord->safe_psql('postgres', sprintf(q{
+	SELECT p.shardid, n.nodeport FROM generate_series(1, %d) AS i
+	JOIN pg_dist_placement p
+	  ON p.shardid = get_shard_id_for_distribution_column('ratebucket.buckets', 'move:' || i)
+	JOIN pg_dist_node n USING (groupid)
+	GROUP BY 1, 2 ORDER BY count(*) DESC, 1 LIMIT 1}, $endpoints));
+my ($from_node) = grep { $_->port == $move_from } @workers;
+my ($to_node) = grep { $_->port != $move_from } @workers;
+$coord->safe_psql('postgres', 'CREATE TABLE grants_move (endpoint text NOT NULL)');
+my ($move_load, $move_out, $move_err) = start_load('move', 'grants_move', 5);
+Time::HiRes::sleep(1.5);
+$coord->safe_psql('postgres', sprintf(q{
+	SELECT citus_move_shard_placement(%d, '%s', %d, '%s', %d, shard_transfer_mode => 'block_writes')},
+	$move_shard, $from_node->host, $from_node->port, $to_node->host, $to_node->port));
+my $moved_at = $coord->safe_psql('postgres', 'SELECT clock_timestamp()');
+$move_load->pump_nb;
+ok($move_load->pumpable, 'the load was still running when the move ended');
+my $move_ok = $move_load->finish;
+my ($move_failed) = $$move_out =~ /number of failed transactions: (\d+)/;
+note("pgbench during the move: " . join(' ', grep { /transactions|failed|tps/ } split /\n/, $$move_out));
+is($coord->safe_psql('postgres', "SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid) WHERE p.shardid = $move_shard"),
+	$to_node->port, "shard $move_shard moved from " . $from_node->name . ' to ' . $to_node->name . ' during the load');
+# (An aborted client is not a "failed transaction" to pgbench: the exit
+# status and stderr say so.  Before the shard lock of the takes, every
+# client aborted: "bucket row to update was not found at its locked
+# position", the row locked in the old placement, updated in the new.)
+ok($move_ok && ($move_failed // 'none') eq '0' && $$move_err !~ /abort|error/i,
+	'no client transaction failed or aborted during the move')
+  or diag("pgbench exit " . ($? >> 8) . ", stderr:\n$$move_err");
+my ($m_rows, $m_seen, $m_counted, $m_lost, $m_over) = load_figures('move', 'grants_move');
+note("the move: $m_rows endpoints, grants seen by the clients $m_seen, counted by the rows $m_counted");
+is("$m_lost $m_seen", "0 $m_counted", 'every grant the clients saw is counted by its row, after the move');
+is($m_over, '0', 'no endpoint above rate*T + capacity across the move');
+cmp_ok($coord->safe_psql('postgres', qq{
+	SELECT count(*) FROM ratebucket.buckets
+	WHERE endpoint LIKE 'move:%' AND last_granted_at > '$moved_at'
+	  AND get_shard_id_for_distribution_column('ratebucket.buckets', endpoint) = $move_shard}),
+	'>', 0, "endpoints of shard $move_shard were granted takes on " . $to_node->name . ' after the move');
 
 $_->stop for reverse @nodes;
 done_testing();

@@ -1,0 +1,143 @@
+/* ratebucket--1.6--1.7.sql */
+
+-- ratebucket 1.6 -> 1.7: the status view and bucket_expire on Citus.
+--
+-- Both pass rows to bucket_now and quota_now as ROW(b.*)::ratebucket.buckets
+-- (on a Citus shard, a whole-row reference has the shard's own row type,
+-- which the functions do not take), the view finds a striped endpoint's
+-- stripes by their keys listed first, and bucket_expire runs on each shard
+-- where the buckets are distributed.  The in-flight functions changed in
+-- the library only (no statement of theirs reads the clock or a ctid in a
+-- way a distributed table refuses).
+
+-- complain if script is sourced in psql, rather than via ALTER EXTENSION
+\echo Use "ALTER EXTENSION ratebucket UPDATE TO '1.7'" to load this file. \quit
+
+CREATE OR REPLACE FUNCTION ratebucket.bucket_expire(idle interval DEFAULT '1 hour')
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n bigint := 0;
+	deleted bigint;
+	stmt text;
+	p record;
+BEGIN
+	IF idle IS NULL OR idle OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
+		RAISE EXCEPTION 'idle must be a non-negative interval'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- Lock the candidates in endpoint order, skipping rows another
+	-- transaction holds (a bucket being taken from is not idle): two
+	-- expiries, or an expiry and a claim taking several buckets in
+	-- endpoint order, never wait for each other in a cycle.  The locking
+	-- re-checks the conditions against the newest version of each row.
+	-- %1$s is the table: the buckets, or on Citus each of their shards.
+	stmt := pg_catalog.format(
+		'WITH d AS (DELETE FROM %%1$s AS b'
+		' USING (SELECT c.ctid AS tid FROM %%1$s AS c'
+		'        WHERE c.conf_rate IS NULL'
+		'          AND c.refilled_at OPERATOR(pg_catalog.<=)'
+		'              (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) %L::pg_catalog.interval)'
+		'          AND (ratebucket.bucket_now(ROW(c.*)::ratebucket.buckets,'
+		'                                     pg_catalog.clock_timestamp())).expirable'
+		'        ORDER BY c.endpoint'
+		'        FOR UPDATE SKIP LOCKED) AS v'
+		' WHERE b.ctid OPERATOR(pg_catalog.=) v.tid RETURNING 1)'
+		' SELECT pg_catalog.count(*) FROM d', idle);
+	IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+		IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition AS d
+				   WHERE d.logicalrelid OPERATOR(pg_catalog.=) 'ratebucket.buckets'::pg_catalog.regclass) THEN
+			-- Citus: on each shard, on the node that holds it, each in a
+			-- transaction of its own
+			FOR p IN SELECT * FROM pg_catalog.run_command_on_placements('ratebucket.buckets', stmt)
+					 ORDER BY shardid
+			LOOP
+				IF NOT p.success THEN
+					RAISE EXCEPTION 'could not expire the buckets of shard % on %:%: %',
+						p.shardid, p.nodename, p.nodeport, p.result
+						USING ERRCODE = 'connection_exception',
+							  DETAIL = pg_catalog.format('The other shards expired on their own; %s buckets were deleted there.',
+														 n);
+				END IF;
+				n := n OPERATOR(pg_catalog.+) p.result::pg_catalog.int8;
+			END LOOP;
+			RETURN n;
+		END IF;
+	END IF;
+	EXECUTE pg_catalog.format(stmt, 'ratebucket.buckets') INTO deleted;
+	RETURN deleted;
+END;
+$$;
+
+COMMENT ON FUNCTION ratebucket.bucket_expire(interval) IS
+'Delete buckets that were not configured, have not been refilled for idle, are full now, and hold nothing learned from feedback (a lowered rate, a cooldown, a pause, an open breaker, a run of failures): a later take recreates them full, so expiry changes no decision. Returns the number deleted. On Citus each shard expires on its node, in a transaction of its own.';
+
+CREATE OR REPLACE VIEW ratebucket.bucket_status AS
+SELECT b.endpoint,
+	   b.rate,
+	   b.capacity,
+	   COALESCE(st.tokens, n.tokens) AS tokens,
+	   n.effective_rate,
+	   n.cooldown_seconds,
+	   n.paused,
+	   n.breaker,
+	   n.breaker_seconds,
+	   n.at_floor_since,
+	   b.conf_rate IS NOT NULL AS configured,
+	   b.conf_rate,
+	   b.conf_capacity,
+	   b.conf_floor_rate,
+	   COALESCE(GREATEST(st.last_granted_at, b.last_granted_at),
+				b.last_granted_at) AS last_used,
+	   pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
+		   COALESCE(GREATEST(st.last_granted_at, b.last_granted_at),
+					b.created_at) AS idle,
+	   b.takes_granted OPERATOR(pg_catalog.+) COALESCE(st.takes_granted, 0) AS takes_granted,
+	   b.tokens_granted OPERATOR(pg_catalog.+) COALESCE(st.tokens_granted, 0) AS tokens_granted,
+	   b.successes,
+	   b.failures,
+	   b.throttles,
+	   b.cooldowns,
+	   b.breaker_opens,
+	   b.malformed_headers,
+	   b.failure_run,
+	   b.last_status,
+	   b.last_observed_at,
+	   b.refilled_at,
+	   b.created_at,
+	   b.configured_at,
+	   b.quota_period,
+	   b.quota_time_zone,
+	   CASE WHEN b.quota_period IS NOT NULL THEN b.conf_capacity END AS quota,
+	   q.used AS quota_used,
+	   q.remaining AS quota_remaining,
+	   q.window_start AS quota_window_start,
+	   q.resets_at AS quota_resets_at,
+	   COALESCE(r.stripes, 1) AS stripes,
+	   b.template
+FROM ratebucket.buckets AS b
+	 LEFT JOIN ratebucket.bucket_stripes AS r
+		 ON r.endpoint OPERATOR(pg_catalog.=) b.endpoint
+	 CROSS JOIN LATERAL ratebucket.bucket_now(ROW(b.*)::ratebucket.buckets,
+											  pg_catalog.clock_timestamp()) AS n
+	 CROSS JOIN LATERAL ratebucket.quota_now(ROW(b.*)::ratebucket.buckets,
+											 pg_catalog.clock_timestamp()) AS q
+	 LEFT JOIN (
+		 WITH keys AS MATERIALIZED (
+			 SELECT k.endpoint, ratebucket.stripe_key(k.endpoint, i, k.stripes) AS key
+			 FROM ratebucket.bucket_stripes AS k,
+				  pg_catalog.generate_series(0, k.stripes OPERATOR(pg_catalog.-) 1) AS i)
+		 SELECT keys.endpoint,
+				pg_catalog.sum((ratebucket.bucket_now(ROW(s.*)::ratebucket.buckets,
+													  pg_catalog.clock_timestamp())).tokens) AS tokens,
+				pg_catalog.max(s.last_granted_at) AS last_granted_at,
+				CAST(pg_catalog.sum(s.takes_granted) AS pg_catalog.int8) AS takes_granted,
+				pg_catalog.sum(s.tokens_granted) AS tokens_granted
+		 FROM keys
+			  JOIN ratebucket.buckets AS s ON s.endpoint OPERATOR(pg_catalog.=) keys.key
+		 GROUP BY keys.endpoint
+	 ) AS st ON st.endpoint OPERATOR(pg_catalog.=) b.endpoint
+WHERE pg_catalog.octet_length(b.endpoint) OPERATOR(pg_catalog.<=) 1024;
