@@ -375,7 +375,9 @@ rb_inflight_drop(text *key)
 /*
  * rb_inflight_missing
  *		The first of "keys" that has no cap, or NULL if every one has: with
- *		a fresh snapshot, as an acquire will look, not the statement's.
+ *		a fresh snapshot, as an acquire will look, not the statement's.  (The
+ *		caps are looked up in one uncorrelated subquery, which Citus can run
+ *		on a distributed table; a correlated NOT EXISTS it cannot.)
  */
 char *
 rb_inflight_missing(char **keys, int n)
@@ -395,9 +397,11 @@ rb_inflight_missing(char **keys, int n)
 												TYPALIGN_INT));
 	rb_inflight_connect();
 	rb_inflight_exec(rb_spi_plan(&missing_plan,
-								 "SELECT k FROM pg_catalog.unnest($1) AS k"
-								 " WHERE NOT EXISTS (SELECT FROM ratebucket.inflight_caps AS c"
-								 " WHERE c.key OPERATOR(pg_catalog.=) k) LIMIT 1",
+								 "SELECT u.k FROM pg_catalog.unnest($1) WITH ORDINALITY AS u(k, o)"
+								 " WHERE u.k OPERATOR(pg_catalog.<>) ALL (ARRAY("
+								 "SELECT c.key FROM ratebucket.inflight_caps AS c"
+								 " WHERE c.key OPERATOR(pg_catalog.=) ANY ($1)))"
+								 " ORDER BY u.o LIMIT 1",
 								 1, argtypes),
 					 values, NULL, SPI_OK_SELECT);
 	if (SPI_processed > 0)

@@ -17,6 +17,10 @@
 #   - the status view over the workers (a striped endpoint's stripes live on
 #     other shards), in-flight caps with slot ids unique over the nodes,
 #     expiry on every shard;
+#   - the queue distributed beside the buckets (distribute_queue): a bare
+#     claim_endpoint or record_endpoint runs on the endpoint's worker; 8
+#     clients claiming at random spend exactly one token per event claimed
+#     and claim none twice; record_endpoint and explain_endpoint there;
 #   - 8 clients over 200 endpoints through the coordinator: 0 failed
 #     transactions; per endpoint, the grants the clients saw = the row's
 #     takes_granted <= rate*T + capacity by the row's own clock;
@@ -250,6 +254,116 @@ is($coord->safe_psql('postgres', q{SELECT count(*) FROM ratebucket.buckets WHERE
 	'0', "the $idle_before idle buckets are gone from both workers");
 is($coord->safe_psql('postgres', q{SELECT count(*) FROM ratebucket.buckets WHERE conf_rate IS NOT NULL}),
 	$kept_before, 'the configured buckets are kept');
+
+# ------------------------------------------------------------- the queue --
+
+# ratebucket_queue, distributed beside the buckets: each endpoint's events
+# on the node of its bucket, claimed there by claim_endpoint.
+$coord->safe_psql('postgres', 'CREATE SCHEMA outbox; CREATE EXTENSION ratebucket_queue SCHEMA outbox');
+my $qdid = $coord->safe_psql('postgres',
+	q{SELECT string_agg(object || ': ' || action, E'\n' ORDER BY object) FROM outbox.distribute_queue()});
+note($qdid);
+like($qdid, qr{^outbox\.webhook_events: distributed by endpoint, co-located with ratebucket\.buckets$}m,
+	'distribute_queue: the events distributed by endpoint, beside the buckets');
+like($qdid, qr{^outbox\.claim_endpoint\(.*\): delegated}m, 'claim_endpoint delegated');
+my $qagain = $coord->safe_psql('postgres',
+	q{SELECT count(*) FILTER (WHERE action LIKE 'already%') || ' of ' || count(*) FROM outbox.distribute_queue()});
+like($qagain, qr{^(\d+) of \1$}, "distribute_queue() again changes nothing ($qagain already so)");
+
+# 20 endpoints at 20/s in bursts of 5, 120 events each: more than 3 s of
+# claims can take.
+my ($q_endpoints, $q_events, $q_rate, $q_capacity) = (20, 120, 20, 5);
+$coord->safe_psql('postgres', qq{
+SELECT ratebucket.bucket_configure('q:' || i, $q_rate, $q_capacity) FROM generate_series(1, $q_endpoints) AS i;
+INSERT INTO outbox.webhook_events (endpoint, payload)
+SELECT 'q:' || i, jsonb_build_object('n', n)
+FROM generate_series(1, $q_endpoints) AS i, generate_series(1, $q_events) AS n;});
+is($coord->safe_psql('postgres', qq{
+	SELECT count(*) FROM generate_series(1, $q_endpoints) AS i,
+	     LATERAL (SELECT get_shard_id_for_distribution_column('outbox.webhook_events', 'q:' || i) AS es,
+	                     get_shard_id_for_distribution_column('ratebucket.buckets', 'q:' || i) AS bs) AS s
+	WHERE (SELECT groupid FROM pg_dist_placement WHERE shardid = s.es)
+	      <> (SELECT groupid FROM pg_dist_placement WHERE shardid = s.bs)
+	   OR (SELECT shardminvalue FROM pg_dist_shard WHERE shardid = s.es)
+	      <> (SELECT shardminvalue FROM pg_dist_shard WHERE shardid = s.bs)}),
+	'0', "every endpoint's events on the node of its bucket");
+my $cplan = $coord->safe_psql('postgres', q{EXPLAIN (VERBOSE, COSTS OFF) SELECT * FROM outbox.claim_endpoint('q:3', 5)});
+my ($cport) = $cplan =~ /port=(\d+)/;
+like($cplan, qr{Task Count: 1}, 'a bare claim_endpoint is one task');
+is($cport // 'none', owner_port('q:3'), "sent to the worker that holds q:3");
+my $due = $coord->safe_psql('postgres', qq{SELECT count(*) || ' ' || sum(due) FROM outbox.due_endpoints($q_endpoints)});
+is($due, "$q_endpoints " . $q_endpoints * $q_events, 'due_endpoints lists every endpoint and its due events');
+
+# 8 clients, each claiming an endpoint at random with a bare (delegated)
+# claim_endpoint, for 3 s: far more demand than the buckets grant.  Every
+# claimed event is then sending under a 30 s lease, so per endpoint the
+# tokens its bucket granted must equal its events sending: a token spent
+# on an event not claimed, or an event claimed twice (two grants for one
+# event), would make them differ.
+$coord->pgbench(
+	"-n -c 8 -j 2 -T 3",
+	0,
+	[ qr{number of failed transactions: 0 \(0\.000%\)} ],
+	[ qr{^$} ],
+	'8 clients claiming through the coordinator: no failed transaction',
+	{ '014_citus_claim' => qq{
+\\set e random(1, $q_endpoints)
+SELECT * FROM outbox.claim_endpoint('q:' || :e, 5);
+} });
+my ($q_claimed, $q_granted, $q_diff, $q_over) = split /\|/, $coord->safe_psql('postgres', qq{
+WITH e AS (SELECT endpoint, count(*) FILTER (WHERE status = 'sending') AS sending
+           FROM outbox.webhook_events GROUP BY endpoint),
+     b AS (SELECT endpoint, tokens_granted,
+                  $q_rate * extract(epoch FROM last_granted_at - created_at) + $q_capacity AS bound
+           FROM ratebucket.buckets WHERE endpoint LIKE 'q:%')
+SELECT sum(e.sending), sum(b.tokens_granted),
+       count(*) FILTER (WHERE e.sending IS DISTINCT FROM b.tokens_granted::bigint),
+       count(*) FILTER (WHERE b.tokens_granted > b.bound + 1e-6)
+FROM e FULL JOIN b USING (endpoint)});
+note("claimed $q_claimed events, tokens granted $q_granted");
+cmp_ok($q_claimed, '>', $q_endpoints * $q_capacity, "the clients claimed events ($q_claimed)");
+cmp_ok($q_claimed, '<', $q_endpoints * $q_events, 'and the buckets held some back: demand was above the rates');
+is($q_diff, '0', "per endpoint, one token per event claimed and none claimed twice ($q_claimed claimed, $q_granted tokens)");
+is($q_over, '0', 'no endpoint claimed above rate*T + capacity');
+
+# An event with a limit and an in-flight cap keyed on the other worker: the
+# delegated claim takes from both there, in the same transaction.
+my $lim_key = $coord->safe_psql('postgres', sprintf(q{
+	SELECT 'acct:' || i FROM generate_series(1, 100) AS i
+	JOIN pg_dist_placement p
+	  ON p.shardid = get_shard_id_for_distribution_column('ratebucket.buckets', 'acct:' || i)
+	JOIN pg_dist_node n USING (groupid)
+	WHERE n.nodeport <> %d ORDER BY i LIMIT 1}, owner_port('q:lim')));
+$coord->safe_psql('postgres', qq{
+SELECT ratebucket.bucket_configure('q:lim', 0.001, 5);
+SELECT ratebucket.bucket_configure('$lim_key', 0.001, 2);
+SELECT ratebucket.inflight_configure('$lim_key', 3);
+INSERT INTO outbox.webhook_events (endpoint, limits, inflight_key)
+SELECT 'q:lim', ARRAY['$lim_key'], '$lim_key' FROM generate_series(1, 4);});
+is($coord->safe_psql('postgres', q{SELECT count(*) FROM outbox.claim_endpoint('q:lim', 10)}),
+	'2', "a claim with a limit on the other worker ($lim_key, 2 tokens) claims 2");
+is($coord->safe_psql('postgres', qq{
+	SELECT (SELECT tokens_granted FROM ratebucket.buckets WHERE endpoint = 'q:lim') || ' ' ||
+	       (SELECT tokens_granted FROM ratebucket.buckets WHERE endpoint = '$lim_key') || ' ' ||
+	       (SELECT in_flight FROM ratebucket.inflight_status WHERE key = '$lim_key') || ' ' ||
+	       (SELECT count(slot) FROM outbox.webhook_events WHERE endpoint = 'q:lim' AND status = 'sending')}),
+	'2 2 2 2', 'both buckets charged 2, 2 slots held by the 2 events');
+
+# record_endpoint, delegated: the outcomes of q:1's claimed events.
+my ($ids, $leases) = split /\|/, $coord->safe_psql('postgres', q{
+	SELECT array_agg(id ORDER BY id), array_agg(lease_until ORDER BY id)
+	FROM outbox.webhook_events WHERE endpoint = 'q:1' AND status = 'sending'});
+my $rplan = $coord->safe_psql('postgres', qq{EXPLAIN (VERBOSE, COSTS OFF) SELECT * FROM outbox.record_endpoint('q:1', '$ids', array_fill(200, ARRAY[cardinality('$ids'::bigint[])]), '$leases')});
+like($rplan, qr{Task Count: 1}, 'a bare record_endpoint is one task');
+my ($n_ok, $n_all) = split /\|/, $coord->safe_psql('postgres', qq{
+	SELECT count(*) FILTER (WHERE outcome = 'success'), count(*)
+	FROM outbox.record_endpoint('q:1', '$ids', array_fill(200, ARRAY[cardinality('$ids'::bigint[])]), '$leases')});
+is($n_ok, $n_all, "record_endpoint on q:1's worker: $n_all outcomes recorded");
+is($coord->safe_psql('postgres', q{
+	SELECT count(*) FILTER (WHERE status = 'delivered') || ' ' || count(*) FILTER (WHERE status = 'sending')
+	FROM outbox.webhook_events WHERE endpoint = 'q:1'}), "$n_all 0", "q:1's claimed events delivered");
+like($coord->safe_psql('postgres', q{SELECT string_agg(reason, ',') FROM outbox.explain_endpoint('q:2')}),
+	qr{leased}, 'explain_endpoint runs on the worker and says what holds the events');
 
 # ------------------------------------------------------------------- load --
 
