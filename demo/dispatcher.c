@@ -63,6 +63,15 @@
  *                            --max-seconds ends (if given)
  *   --max-seconds N          exit after N seconds
  *   --quiet                  only errors and the final summary
+ *   --by-endpoint            claim endpoint by endpoint (due_endpoints,
+ *                            claim_endpoint, record_endpoint), as a queue
+ *                            distributed over Citus needs (doc/citus.md):
+ *                            a batch is one endpoint's --per-endpoint
+ *                            events (at most --batch); no requeue_expired
+ *                            (each claim gives its endpoint's expired
+ *                            leases back), no next_due: a pass that found
+ *                            nothing sleeps --poll-ms (100), or until a
+ *                            NOTIFY (a distributed queue sends none)
  *
  * SIGINT or SIGTERM (and --max-seconds) stop the workers gracefully: each
  * worker finishes its batch in flight, delivering and recording it, then
@@ -131,26 +140,39 @@
  */
 enum { COL_ID, COL_ENDPOINT, COL_ATTEMPTS, COL_PAYLOAD, COL_LEASE, N_CLAIM_COLUMNS };
 
+enum { MODE_ANY, MODE_BATCH, MODE_BY_ENDPOINT };
+
 static const struct
 {
     const char *name;
     const char *sql;
     int nparams;
+    int mode;                   /* prepared in that mode (MODE_ANY: both) */
 } statements[] = {
     {"claim",
      "SELECT id, endpoint, attempts, payload, lease_until"
      " FROM claim_events($1::int, $2::int, $3::interval)"
-     " ORDER BY endpoint COLLATE \"C\", id", 3},
+     " ORDER BY endpoint COLLATE \"C\", id", 3, MODE_BATCH},
     {"lock_events",
      "SELECT id FROM webhook_events WHERE id = ANY ($1::bigint[])"
-     " ORDER BY id FOR UPDATE", 1},
+     " ORDER BY id FOR UPDATE", 1, MODE_BATCH},
     {"record",
      "SELECT record_delivery($1::bigint, $2::int, $3::text, $4::jsonb,"
      " $5::boolean, claimed_lease => $6::timestamptz,"
-     " sent_at => $6::timestamptz - make_interval(secs => $7::float8))", 7},
-    {"next_due", "SELECT next_due()", 0},
-    {"events_left", "SELECT events_left(clock_timestamp() + make_interval(secs => $1::float8))", 1},
-    {"requeue_expired", "SELECT requeue_expired()", 0},
+     " sent_at => $6::timestamptz - make_interval(secs => $7::float8))", 7, MODE_BATCH},
+    {"next_due", "SELECT next_due()", 0, MODE_BATCH},
+    {"events_left", "SELECT events_left(clock_timestamp() + make_interval(secs => $1::float8))", 1,
+     MODE_ANY},
+    {"requeue_expired", "SELECT requeue_expired()", 0, MODE_BATCH},
+    /* --by-endpoint: each a bare call, which Citus runs on the endpoint's node */
+    {"due_endpoints", "SELECT endpoint FROM due_endpoints($1::int)", 1, MODE_BY_ENDPOINT},
+    {"claim_endpoint",
+     "SELECT id, endpoint, attempts, payload, lease_until"
+     " FROM claim_endpoint($1::text, $2::int, $3::interval)", 3, MODE_BY_ENDPOINT},
+    {"record_endpoint",
+     "SELECT event_id, outcome FROM record_endpoint($1::text, $2::bigint[], $3::int[],"
+     " $4::timestamptz[], $5::text[], $6::jsonb[], $7::boolean[], $8::timestamptz[])", 8,
+     MODE_BY_ENDPOINT},
 };
 
 /*
@@ -247,6 +269,12 @@ typedef struct Worker
     Buf text;                   /* scratch: the retry_after argument */
     double transport_logged_at; /* rate limit of transport error messages */
     long transport_unlogged;
+    /* --by-endpoint: the endpoints of the current pass (due_endpoints) */
+    PGresult *endpoints;
+    int pass_start;             /* this worker's first endpoint of the pass */
+    int pass_next;              /* endpoints of the pass tried so far */
+    long long pass_claimed;     /* events claimed in the pass */
+    Buf arrays[7];              /* scratch: record_endpoint's arrays */
 } Worker;
 
 /* ------------------------------------------------------ shared state -- */
@@ -262,7 +290,9 @@ static struct
     bool until_empty;
     double max_seconds;         /* 0: no limit */
     bool quiet;
-} opt = {NULL, 4, 80, 10, 30, 5000, false, 0, false};
+    bool by_endpoint;           /* claim endpoint by endpoint */
+    int poll_ms;                /* --by-endpoint: sleep when nothing claimable */
+} opt = {NULL, 4, 80, 10, 30, 5000, false, 0, false, false, 100};
 
 static double start_time;       /* set before the threads start */
 static atomic_bool stopping;    /* finish the batch in flight, then exit */
@@ -692,6 +722,9 @@ worker_connect(Worker *w)
     }
     for (size_t i = 0; i < sizeof(statements) / sizeof(statements[0]); i++)
     {
+        if (statements[i].mode != MODE_ANY &&
+            statements[i].mode != (opt.by_endpoint ? MODE_BY_ENDPOINT : MODE_BATCH))
+            continue;
         res = PQprepare(w->conn, statements[i].name, statements[i].sql,
                         statements[i].nparams, NULL);
         if (PQresultStatus(res) != PGRES_COMMAND_OK)
@@ -704,6 +737,13 @@ worker_connect(Worker *w)
             return false;
         }
         PQclear(res);
+    }
+    /* --by-endpoint shifts lease times (record_endpoint's sent_ats): in UTC */
+    if (opt.by_endpoint && !run_command(w, "SET TimeZone = 'UTC'; SET DateStyle = 'ISO'", &res))
+    {
+        report_pg_error(w, "SET TimeZone", res);
+        PQclear(res);
+        return false;
     }
     if (!run_command(w, "LISTEN " CHANNEL, &res))
     {
@@ -1246,15 +1286,250 @@ fail:
     return PQstatus(w->conn) == CONNECTION_OK ? rc : -1;
 }
 
+/* ------------------------------------------------------ by endpoint -- */
+
+/*
+ * --by-endpoint: the claim and the record of one endpoint at a time
+ * (due_endpoints, claim_endpoint, record_endpoint; doc/claim.md), each a
+ * bare statement in autocommit, as a distributed queue needs them (on
+ * Citus each runs on the endpoint's node, doc/citus.md).  A pass walks the
+ * endpoints due_endpoints listed, from a place of its own for each worker
+ * (so that workers spread over them), claiming up to --per-endpoint events
+ * of one endpoint per batch; a pass that claimed nothing ends in a sleep
+ * of --poll-ms, or until a NOTIFY (which a distributed queue never sends).
+ * claim_endpoint gives its endpoint's expired leases back by itself.
+ */
+
+/* An array literal, element by element: array_open, array_elem for each
+ * (NULL, or the value double-quoted), array_close. */
+static void
+array_open(Buf *b)
+{
+    buf_reset(b);
+    buf_putc(b, '{');
+}
+
+static void
+array_elem(Buf *b, const char *value)
+{
+    if (b->len > 1)
+        buf_putc(b, ',');
+    if (value == NULL)
+    {
+        buf_append(b, "NULL", 4);
+        return;
+    }
+    buf_putc(b, '"');
+    for (const char *c = value; *c != '\0'; c++)
+    {
+        if (*c == '"' || *c == '\\')
+            buf_putc(b, '\\');
+        buf_putc(b, *c);
+    }
+    buf_putc(b, '"');
+}
+
+static const char *
+array_close(Buf *b)
+{
+    buf_putc(b, '}');
+    return b->data;
+}
+
+/*
+ * A timestamp of the session (TimeZone UTC, DateStyle ISO: "2026-01-02
+ * 03:04:05.678901+00") minus secs, in the same form, into out.  False if it
+ * does not parse.
+ */
+static bool
+timestamp_minus(const char *ts, double secs, char *out, size_t outsize)
+{
+    struct tm tm = {0};
+    double sec;
+    int n = 0;
+    double t;
+    time_t whole;
+    long micros;
+
+    if (sscanf(ts, "%d-%d-%d %d:%d:%lf%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+               &tm.tm_hour, &tm.tm_min, &sec, &n) != 6 || strncmp(ts + n, "+00", 3) != 0)
+        return false;
+    {
+        /* days since 1970-01-01 of a proleptic Gregorian date (timegm is not POSIX) */
+        long y = tm.tm_year - (tm.tm_mon <= 2);
+        long era = (y >= 0 ? y : y - 399) / 400;
+        long yoe = y - era * 400;
+        long doy = (153 * (tm.tm_mon + (tm.tm_mon > 2 ? -3 : 9)) + 2) / 5 + tm.tm_mday - 1;
+        long doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        long days = era * 146097 + doe - 719468;
+
+        t = (double) days * 86400.0 + tm.tm_hour * 3600.0 + tm.tm_min * 60.0 + sec - secs;
+    }
+    whole = (time_t) floor(t);
+    micros = lround((t - (double) whole) * 1e6);
+    if (micros >= 1000000)
+    {
+        whole++;
+        micros -= 1000000;
+    }
+    gmtime_r(&whole, &tm);
+    return snprintf(out, outsize, "%04d-%02d-%02d %02d:%02d:%02d.%06ld+00",
+                    tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                    tm.tm_min, tm.tm_sec, micros) < (int) outsize;
+}
+
+/* Claim the next endpoint's events into w->batch: their number, 0 when a
+ * whole pass found none (sleep), -1 on error. */
+static int
+claim_by_endpoint(Worker *w, Stats *st)
+{
+    char max[16], per[16], lease[32];
+
+    snprintf(max, sizeof(max), "%d", opt.workers * 8 < 1000 ? opt.workers * 8 : 1000);
+    snprintf(per, sizeof(per), "%d", opt.per_endpoint < opt.batch ? opt.per_endpoint : opt.batch);
+    snprintf(lease, sizeof(lease), "%d seconds", opt.lease_seconds);
+    PQclear(w->batch);
+    w->batch = NULL;
+    w->notified = false;
+    while (!stop_requested())
+    {
+        const char *values[3];
+        PGresult *res;
+        int n;
+
+        if (w->endpoints == NULL || w->pass_next >= PQntuples(w->endpoints))
+        {
+            bool idle = w->endpoints != NULL && w->pass_claimed == 0;
+            const char *params[1] = {max};
+
+            PQclear(w->endpoints);
+            w->endpoints = NULL;
+            if (idle)
+                return 0;
+            res = run_prepared(w, "due_endpoints", 1, params);
+            if (PQresultStatus(res) != PGRES_TUPLES_OK || PQnfields(res) != 1)
+            {
+                report_pg_error(w, "due_endpoints", res);
+                PQclear(res);
+                return -1;
+            }
+            if (PQntuples(res) == 0)
+            {
+                PQclear(res);
+                return 0;
+            }
+            w->endpoints = res;
+            w->pass_start = w->num % PQntuples(res);
+            w->pass_next = 0;
+            w->pass_claimed = 0;
+        }
+        values[0] = PQgetvalue(w->endpoints,
+                               (w->pass_start + w->pass_next) % PQntuples(w->endpoints), 0);
+        values[1] = per;
+        values[2] = lease;
+        w->pass_next++;
+        w->claimed_mono = now_s();
+        res = run_prepared(w, "claim_endpoint", 3, values);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK)
+        {
+            report_pg_error(w, "claim_endpoint", res);
+            if (retryable(res))
+            {
+                PQclear(res);
+                continue;       /* that endpoint again at the next pass */
+            }
+            PQclear(res);
+            return -1;
+        }
+        n = PQntuples(res);
+        if (PQnfields(res) != N_CLAIM_COLUMNS || n > w->nrequests)
+        {
+            log_error(w->num, "claim_endpoint returned %d rows of %d columns,"
+                      " expected at most %d of %d", n, PQnfields(res), w->nrequests,
+                      N_CLAIM_COLUMNS);
+            PQclear(res);
+            return -1;
+        }
+        st->claims++;
+        if (n == 0)
+        {
+            PQclear(res);
+            continue;
+        }
+        w->batch = res;
+        w->pass_claimed += n;
+        st->claims_nonempty++;
+        st->claimed += n;
+        return n;
+    }
+    return 0;
+}
+
+/* Record a batch of one endpoint with one record_endpoint.  0 once
+ * committed, 1 after a serialization failure or a deadlock, -1 otherwise. */
+static int
+record_endpoint_once(Worker *w, int n, Stats *st)
+{
+    Stats tally = {0};
+    const char *values[8];
+    PGresult *res;
+
+    for (int a = 0; a < 7; a++)
+        array_open(&w->arrays[a]);
+    for (int i = 0; i < n; i++)
+    {
+        const Request *r = &w->requests[i];
+        const char *lease = PQgetvalue(w->batch, r->row, COL_LEASE);
+        char status[24], sent_at[64];
+
+        snprintf(status, sizeof(status), "%ld", r->status);
+        array_elem(&w->arrays[0], PQgetvalue(w->batch, r->row, COL_ID));
+        array_elem(&w->arrays[1], r->status > 0 ? status : NULL);
+        array_elem(&w->arrays[2], lease);
+        array_elem(&w->arrays[3], retry_after_arg(w, r));
+        array_elem(&w->arrays[4], headers_arg(w, r));
+        array_elem(&w->arrays[5], r->sent ? "true" : "false");
+        /* sent at: lease_seconds before the lease ends, plus the wait before it left */
+        array_elem(&w->arrays[6],
+                   timestamp_minus(lease, opt.lease_seconds - (r->sent_mono - w->claimed_mono),
+                                   sent_at, sizeof(sent_at)) ? sent_at : NULL);
+    }
+    values[0] = PQgetvalue(w->batch, 0, COL_ENDPOINT);
+    for (int a = 0; a < 7; a++)
+        values[a + 1] = array_close(&w->arrays[a]);
+    res = run_prepared(w, "record_endpoint", 8, values);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != n || PQnfields(res) != 2)
+    {
+        int rc = retryable(res) ? 1 : -1;
+
+        if (PQresultStatus(res) == PGRES_TUPLES_OK)
+            log_error(w->num, "record_endpoint returned %d rows of %d columns, expected %d of 2",
+                      PQntuples(res), PQnfields(res), n);
+        else
+            report_pg_error(w, "record_endpoint", res);
+        PQclear(res);
+        return PQstatus(w->conn) == CONNECTION_OK ? rc : -1;
+    }
+    for (int i = 0; i < n; i++)
+    {
+        stats_add_outcome(&tally, PQgetvalue(res, i, 1), 1);
+        tally.recorded++;
+    }
+    PQclear(res);
+    stats_add(st, &tally);
+    return 0;
+}
+
 static int
 record(Worker *w, int n, Stats *st)
 {
-    int rc = record_batch(w, n, st);
+    int (*once)(Worker *, int, Stats *) = opt.by_endpoint ? record_endpoint_once : record_batch;
+    int rc = once(w, n, st);
 
     if (rc > 0)
     {
         log_error(w->num, "recording the batch again, once");
-        rc = record_batch(w, n, st);
+        rc = once(w, n, st);
     }
     if (rc != 0)
         log_error(w->num, "%d delivered event%s not recorded: delivered again"
@@ -1479,10 +1754,11 @@ worker_loop(Worker *w)
 
         double t0, t1, t2;
 
-        if (maybe_requeue(w) < 0)
+        /* (by endpoint, each claim gives its endpoint's expired leases back) */
+        if (!opt.by_endpoint && maybe_requeue(w) < 0)
             goto failed;
         t0 = now_s();
-        n = claim(w, &st);
+        n = opt.by_endpoint ? claim_by_endpoint(w, &st) : claim(w, &st);
         if (n < 0)
             goto failed;
         t1 = now_s();
@@ -1526,6 +1802,13 @@ worker_loop(Worker *w)
                 request_stop("no events left");
                 break;
             }
+        }
+        if (opt.by_endpoint)
+        {
+            /* no next_due (it reads every bucket in one statement): poll */
+            if (wait_for_work(w, opt.poll_ms / 1000.0, 0) < 0)
+                goto failed;
+            continue;
         }
         rc = query_value(w, "next_due", &due, NULL);
         if (rc < 0)
@@ -1577,6 +1860,10 @@ worker_cleanup(Worker *w)
     }
     PQclear(w->batch);
     w->batch = NULL;
+    PQclear(w->endpoints);
+    w->endpoints = NULL;
+    for (int a = 0; a < 7; a++)
+        buf_free(&w->arrays[a]);
     if (w->conn != NULL)
         PQfinish(w->conn);
     w->conn = NULL;
@@ -1703,6 +1990,7 @@ usage(FILE *f)
             "usage: dispatcher --dsn DSN [--workers 4] [--batch 80]\n"
             "                  [--per-endpoint 10] [--lease-seconds 30] [--timeout-ms 5000]\n"
             "                  [--until-empty] [--max-seconds N] [--quiet]\n"
+            "                  [--by-endpoint [--poll-ms 100]]\n"
             "Delivers the events of webhook_events (ratebucket_queue) over HTTP.\n");
 }
 
@@ -1736,6 +2024,8 @@ parse_options(int argc, char **argv)
         {"until-empty", no_argument, NULL, 'u'},
         {"max-seconds", required_argument, NULL, 'm'},
         {"quiet", no_argument, NULL, 'q'},
+        {"by-endpoint", no_argument, NULL, 'e'},
+        {"poll-ms", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}
     };
@@ -1779,6 +2069,12 @@ parse_options(int argc, char **argv)
                 break;
             case 'q':
                 opt.quiet = true;
+                break;
+            case 'e':
+                opt.by_endpoint = true;
+                break;
+            case 'P':
+                opt.poll_ms = parse_int_option("poll-ms", optarg, 1, 60000);
                 break;
             case 'h':
                 usage(stdout);

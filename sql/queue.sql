@@ -105,7 +105,7 @@ SELECT status, count(*) FROM outbox.webhook_events GROUP BY 1 ORDER BY 1;
 -- one, and what explain_event says of it.
 SELECT ratebucket.bucket_configure(k, 100, 10)
 FROM unnest(ARRAY['x:due', 'x:cool', 'x:paused']) k;
-SELECT ratebucket.bucket_configure('x:empty', 0.001, 1);
+SELECT ratebucket.bucket_configure('x:empty', 0.0001, 1);
 SELECT ratebucket.bucket_configure('x:broken', 100, 10, breaker_failures => 1);
 SELECT ratebucket.bucket_configure_quota('x:quota', 1, 'day');
 SELECT ratebucket.inflight_configure('cap:one', 1);

@@ -1104,13 +1104,15 @@ $$;
 -- deadline passes it: events a spent daily quota holds until its reset are
 -- not left for that run.
 CREATE FUNCTION events_left(before timestamptz DEFAULT NULL) RETURNS bigint
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
-SELECT count(*) FROM webhook_events
-WHERE status = 'sending'
-   OR (status = 'pending' AND (before IS NULL OR next_attempt_at < before))
-$$;
+BEGIN
+    -- (PL/pgSQL: Citus plans no SQL function with parameters)
+    RETURN (SELECT count(*) FROM webhook_events
+            WHERE status = 'sending'
+               OR (status = 'pending' AND (before IS NULL OR next_attempt_at < before)));
+END $$;
 
 -- explain_keys: what holds a send that takes from these buckets (in this
 -- order, each once) and holds a slot of this in-flight cap (NULL: none),
@@ -1169,8 +1171,9 @@ BEGIN
             RETURN QUERY SELECT 'no tokens'::text, k,
                 CASE WHEN b.effective_rate > 0
                      THEN now_ + make_interval(secs => (1 - b.tokens) / b.effective_rate) END,
+                -- the rate to 6 decimals, without trailing zeros: 0.0001/s, 20/s
                 format('%s tokens now, refilling at %s/s', round(b.tokens::numeric, 3),
-                       round(b.effective_rate::numeric, 3));
+                       trim_scale(round(b.effective_rate::numeric, 6)));
         END IF;
     END LOOP;
 

@@ -3,9 +3,102 @@
 -- claims one endpoint's events and record_endpoint records them, each in
 -- statements on that endpoint's rows only; distribute_queue distributes the
 -- queue by endpoint beside ratebucket's buckets, where those three run on
--- the endpoint's node.  Nothing of 1.2 changes.
+-- the endpoint's node.  events_left is the same count in PL/pgSQL, and
+-- explain_keys writes a rate below 0.001/s as it is, not as 0.000.
 
 \echo Use "ALTER EXTENSION ratebucket_queue UPDATE TO '1.3'" to load this file. \quit
+
+-- events_left in PL/pgSQL, the same count: Citus plans no SQL function with
+-- parameters, and a worker of a distributed queue calls it.  (Replaced in
+-- place: its grants and comment stay.)
+CREATE OR REPLACE FUNCTION events_left(before timestamptz DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+BEGIN
+    -- (PL/pgSQL: Citus plans no SQL function with parameters)
+    RETURN (SELECT count(*) FROM webhook_events
+            WHERE status = 'sending'
+               OR (status = 'pending' AND (before IS NULL OR next_attempt_at < before)));
+END $$;
+
+-- explain_keys: what holds a send that takes from these buckets (in this
+-- order, each once) and holds a slot of this in-flight cap (NULL: none),
+-- one row per hold, each with when it lets go (NULL: not known, or never
+-- by itself) and what to do: for each bucket 'not configured' (the claim
+-- leaves its events alone), 'paused', 'breaker open', 'cooldown', 'quota
+-- spent', 'no tokens'; then 'not configured' or 'cap full' for the cap.
+-- A key without a configuration that a template matches holds nothing: the
+-- first claim that reaches it configures it from the template, full.
+-- The figures are ratebucket's at now_ (bucket_status, inflight_status,
+-- and buckets for the end of a pause).
+CREATE OR REPLACE FUNCTION explain_keys(keys text[], cap_key text, now_ timestamptz)
+RETURNS TABLE (reason text, key text, until timestamptz, detail text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+DECLARE
+    b record;
+    c record;
+    k text;
+BEGIN
+    FOR k IN SELECT t.u FROM unnest(keys) WITH ORDINALITY t(u, o)
+             GROUP BY t.u ORDER BY min(t.o) LOOP
+        SELECT s.configured, s.paused, s.breaker, s.breaker_seconds, s.cooldown_seconds,
+               s.tokens, s.effective_rate, s.quota, s.quota_remaining, s.quota_resets_at,
+               p.paused_until
+        INTO b
+        FROM ratebucket.bucket_status s
+        LEFT JOIN ratebucket.buckets p ON p.endpoint = s.endpoint
+        WHERE s.endpoint = k;
+        IF NOT FOUND OR NOT b.configured THEN
+            -- a template that matches it configures it, full, at the first
+            -- claim that reaches it: nothing holds it
+            IF ratebucket.bucket_template_for(k) IS NULL THEN
+                RETURN QUERY SELECT 'not configured'::text, k, NULL::timestamptz,
+                    'no limits stored for it, and no template matches it: the claim leaves '
+                    'its events alone until ratebucket.bucket_configure or '
+                    'ratebucket.bucket_template sets them'::text;
+            END IF;
+        ELSIF b.paused THEN
+            RETURN QUERY SELECT 'paused'::text, k,
+                CASE WHEN b.paused_until < 'infinity' THEN b.paused_until END,
+                'paused by ratebucket.bucket_pause: ratebucket.bucket_resume ends it'::text;
+        ELSIF b.breaker = 'open' THEN
+            RETURN QUERY SELECT 'breaker open'::text, k,
+                now_ + make_interval(secs => b.breaker_seconds),
+                'its circuit breaker opened on failures; half-open then: one probe goes'::text;
+        ELSIF b.cooldown_seconds > 0 THEN
+            RETURN QUERY SELECT 'cooldown'::text, k,
+                now_ + make_interval(secs => b.cooldown_seconds),
+                'the destination asked for a pause (a 429 or a 503 with Retry-After)'::text;
+        ELSIF b.quota IS NOT NULL AND b.quota_remaining < 1 THEN
+            RETURN QUERY SELECT 'quota spent'::text, k, b.quota_resets_at,
+                format('its quota of %s is used up until it resets', b.quota);
+        ELSIF b.quota IS NULL AND b.tokens < 1 THEN
+            RETURN QUERY SELECT 'no tokens'::text, k,
+                CASE WHEN b.effective_rate > 0
+                     THEN now_ + make_interval(secs => (1 - b.tokens) / b.effective_rate) END,
+                -- the rate to 6 decimals, without trailing zeros: 0.0001/s, 20/s
+                format('%s tokens now, refilling at %s/s', round(b.tokens::numeric, 3),
+                       trim_scale(round(b.effective_rate::numeric, 6)));
+        END IF;
+    END LOOP;
+
+    IF cap_key IS NOT NULL THEN
+        SELECT i.cap, i.in_flight, i.oldest, i.lease INTO c
+        FROM ratebucket.inflight_status i WHERE i.key = cap_key;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT 'not configured'::text, cap_key, NULL::timestamptz,
+                'no in-flight cap stored for it: the claim leaves its events alone until '
+                'ratebucket.inflight_configure sets it'::text;
+        ELSIF c.in_flight >= c.cap THEN
+            RETURN QUERY SELECT 'cap full'::text, cap_key, c.oldest + c.lease,
+                format('%s of %s slots in flight: one frees when its outcome is recorded, '
+                       'or at the latest when the oldest lease ends', c.in_flight, c.cap);
+        END IF;
+    END IF;
+END $$;
 
 --
 -- Per endpoint: the claim, its recording and the endpoints to claim, for a

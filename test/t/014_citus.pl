@@ -21,6 +21,9 @@
 #     claim_endpoint or record_endpoint runs on the endpoint's worker; 8
 #     clients claiming at random spend exactly one token per event claimed
 #     and claim none twice; record_endpoint and explain_endpoint there;
+#   - the reference dispatcher with --by-endpoint delivering a distributed
+#     queue to demo/simulator: all delivered, none twice, one request per
+#     event, no 429, each destination within rate*T + capacity;
 #   - 8 clients over 200 endpoints through the coordinator: 0 failed
 #     transactions; per endpoint, the grants the clients saw = the row's
 #     takes_granted <= rate*T + capacity by the row's own clock;
@@ -364,6 +367,79 @@ is($coord->safe_psql('postgres', q{
 	FROM outbox.webhook_events WHERE endpoint = 'q:1'}), "$n_all 0", "q:1's claimed events delivered");
 like($coord->safe_psql('postgres', q{SELECT string_agg(reason, ',') FROM outbox.explain_endpoint('q:2')}),
 	qr{leased}, 'explain_endpoint runs on the worker and says what holds the events');
+
+# ----------------------------- the reference dispatcher, endpoint by endpoint --
+
+# demo/dispatcher --by-endpoint delivers a distributed queue over HTTP to
+# demo/simulator's destinations, through the coordinator: 4 destinations
+# that accept 40/s in bursts of 20, configured at 20/s in bursts of 5, 40
+# events each.  Everything is delivered, nothing twice, every request an
+# attempt, no 429, and each destination's arrivals within the bucket's
+# rate*T + capacity (+ rate*0.25 s for a batch sent at once).
+my $pg_config = $ENV{PG_CONFIG} || 'pg_config';
+my ($build_out, $build_err) = run_command([ 'make', '-C', 'demo', "PG_CONFIG=$pg_config" ]);
+ok(-x 'demo/dispatcher' && -x 'demo/simulator', 'dispatcher and simulator built')
+  or diag($build_err);
+my $sim_dir = PostgreSQL::Test::Utils::tempdir();
+my $sim_port = PostgreSQL::Test::Cluster::get_free_port();
+my @dests = map { "d$_" } 1 .. 4;
+my ($d_rate, $d_capacity, $d_events) = (20, 5, 40);
+open(my $cfh, '>', "$sim_dir/sim.conf") or die "cannot write sim.conf: $!";
+print $cfh "$_ rate=40 burst=20\n" for @dests;
+close $cfh;
+my $sim = IPC::Run::start(
+	[ 'demo/simulator', '--port', $sim_port, '--config', "$sim_dir/sim.conf",
+	  '--log', "$sim_dir/requests.csv", '--ready-file', "$sim_dir/ready" ],
+	'>', "$sim_dir/sim.out", '2>', "$sim_dir/sim.err");
+my $sim_deadline = Time::HiRes::time() + 10;
+Time::HiRes::sleep(0.05) until -s "$sim_dir/ready" || Time::HiRes::time() > $sim_deadline;
+ok(-s "$sim_dir/ready", 'the simulator is listening');
+my $url = "http://127.0.0.1:$sim_port";
+# (the claims above are checked: their events go, the dispatcher's queue
+# holds only these)
+$coord->safe_psql('postgres', 'DELETE FROM outbox.webhook_events');
+$coord->safe_psql('postgres', join('', map { qq{
+SELECT ratebucket.bucket_configure('$url/$_', $d_rate, $d_capacity);
+INSERT INTO outbox.webhook_events (endpoint, payload)
+SELECT '$url/$_', jsonb_build_object('n', n) FROM generate_series(1, $d_events) AS n;} } @dests));
+my ($disp_out, $disp_err) = ('', '');
+IPC::Run::run(
+	[ 'demo/dispatcher', '--dsn',
+	  sprintf('host=%s port=%d dbname=postgres options=-csearch_path=outbox', $coord->host, $coord->port),
+	  '--workers', 4, '--per-endpoint', 5, '--by-endpoint', '--until-empty', '--max-seconds', 60,
+	  '--quiet' ],
+	'>', \$disp_out, '2>', \$disp_err,
+	IPC::Run::timer($PostgreSQL::Test::Utils::timeout_default));
+my $disp_rc = $? >> 8;
+note("dispatcher:\n$disp_out");
+note("dispatcher, stderr:\n$disp_err") if $disp_err ne '';
+$sim->signal('TERM');
+$sim->finish;
+is($disp_rc, 0, 'the dispatcher, endpoint by endpoint, emptied the queue and exited 0');
+$coord->safe_psql('postgres', q{
+CREATE TABLE sim_requests (t_us bigint, endpoint text, event text, attempt text, status int)});
+$coord->safe_psql('postgres', "COPY sim_requests FROM '$sim_dir/requests.csv' WITH (FORMAT csv)");
+my $n_events = scalar(@dests) * $d_events;
+is($coord->safe_psql('postgres', qq{
+	SELECT count(*) FROM outbox.webhook_events
+	WHERE endpoint LIKE '$url/%' AND status = 'delivered'}),
+	$n_events, "every one of the $n_events events delivered");
+is($coord->safe_psql('postgres', q{
+	SELECT count(*) FROM (SELECT event FROM sim_requests WHERE status BETWEEN 200 AND 299
+	                      GROUP BY event HAVING count(*) > 1) AS x}),
+	'0', 'none delivered twice (no event with two 2xx at its destination)');
+is($coord->safe_psql('postgres', qq{
+	SELECT (SELECT count(*) FROM sim_requests) || ' ' ||
+	       (SELECT sum(attempts) FROM outbox.webhook_events WHERE endpoint LIKE '$url/%')
+	       || ' ' || (SELECT count(*) FROM sim_requests WHERE status = 429)}),
+	"$n_events $n_events 0", 'one request per event, each counted as an attempt, no 429');
+for my $d (@dests)
+{
+	my ($excess, undef, $n) = window_excess($coord,
+		"(SELECT to_timestamp(t_us / 1e6) AS at FROM sim_requests WHERE endpoint = '$d') AS r", $d_rate);
+	ok($n == $d_events && $excess <= $d_capacity + $d_rate * 0.25,
+		"$d: its $d_events events arrived ($n), over any window T within rate*T + capacity (+ jitter): excess $excess");
+}
 
 # ------------------------------------------------------------------- load --
 
