@@ -344,7 +344,7 @@ rb_find_columns(Oid relid)
  *		(on its node, through Citus's local execution).  Known from Citus's
  *		catalog, pg_dist_partition, in a database that has Citus.
  */
-static bool
+bool
 rb_is_distributed(Oid relid)
 {
 	Oid			argtypes[1] = {OIDOID};

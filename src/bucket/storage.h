@@ -42,5 +42,6 @@ extern bool rb_storage_delete(text *endpoint);
 extern void rb_storage_from_row(HeapTupleHeader row, RbBucket *bucket);
 extern SPIPlanPtr rb_spi_plan(SPIPlanPtr *plan, const char *sql, int nargs,
 							  Oid *argtypes);
+extern bool rb_is_distributed(Oid relid);
 
 #endif							/* RATEBUCKET_BUCKET_STORAGE_H */

@@ -24,7 +24,9 @@
  * follow it.  So no endpoint is configured from a template as it was before
  * a change that has already been carried over.  (ROW SHARE is a weak lock:
  * first uses do not queue on each other, nor on a vacuum of the table;
- * EXCLUSIVE still lets plain reads of the table through.)
+ * EXCLUSIVE still lets plain reads of the table through.)  On Citus,
+ * where the table is a reference table on every node, the lock is taken
+ * with LOCK TABLE, which Citus takes on every node.
  *
  * The statements run between rb_storage_begin and rb_storage_end (as the
  * tables' owner), each in an SPI connection of its own, like stripe.c's.
@@ -57,6 +59,9 @@ static int	copy_n = 0;
 static bool copy_valid = false;
 static Oid	templates_relid = InvalidOid;
 static bool callback_registered = false;
+/* Is the table a Citus reference table (rb_template_lock)?  For this relid. */
+static Oid	lock_checked_relid = InvalidOid;
+static bool lock_on_cluster = false;
 
 static SPIPlanPtr load_plan = NULL;
 static SPIPlanPtr store_plan = NULL;
@@ -75,6 +80,7 @@ rb_template_relcache_callback(Datum arg pg_attribute_unused(), Oid relid)
 	{
 		copy_valid = false;
 		invalidations++;
+		lock_checked_relid = InvalidOid;	/* distributed since? */
 	}
 }
 
@@ -292,7 +298,33 @@ rb_template_lock(bool change)
 
 	if (!OidIsValid(relid))
 		return;
-	LockRelationOid(relid, change ? ExclusiveLock : RowShareLock);
+	if (relid != lock_checked_relid)
+	{
+		lock_on_cluster = rb_is_distributed(relid);
+		lock_checked_relid = relid;
+	}
+	if (lock_on_cluster)
+	{
+		/*
+		 * On Citus the templates are a reference table, copied to every
+		 * node, and a first use runs on the endpoint's node while a change
+		 * runs on the coordinator: a lock of this node's table alone would
+		 * not make them wait for each other.  LOCK TABLE, which Citus takes
+		 * on every node, does.
+		 */
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		if (SPI_execute(change ?
+						"LOCK TABLE " RB_TEMPLATES_SCHEMA "." RB_TEMPLATES_TABLE
+						" IN EXCLUSIVE MODE" :
+						"LOCK TABLE " RB_TEMPLATES_SCHEMA "." RB_TEMPLATES_TABLE
+						" IN ROW SHARE MODE", false, 0) != SPI_OK_UTILITY)
+			elog(ERROR, "could not lock the templates");
+		if (SPI_finish() != SPI_OK_FINISH)
+			elog(ERROR, "SPI_finish failed");
+	}
+	else
+		LockRelationOid(relid, change ? ExclusiveLock : RowShareLock);
 	/* the relid may have been reset by an invalidation the lock let in */
 	(void) rb_templates_relid();
 }

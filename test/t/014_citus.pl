@@ -13,7 +13,9 @@
 #     distributed rows (they did not: the direct path read the empty
 #     distributed table's shell, and updates by ctid went to every shard);
 #   - bucket_take_all and bucket_take_batch over endpoints on both workers,
-#     all or nothing; templates configuring an endpoint on its worker;
+#     all or nothing; templates configuring an endpoint on its worker, a
+#     change on the coordinator and a first use on a worker waiting for
+#     each other;
 #   - the status view over the workers (a striped endpoint's stripes live on
 #     other shards), in-flight caps with slot ids unique over the nodes,
 #     expiry on every shard;
@@ -184,6 +186,44 @@ is($coord->safe_psql('postgres', q{
 	SELECT conf_capacity || ' ' || template || ' ' || round(tokens::numeric)
 	FROM ratebucket.buckets WHERE endpoint = 'tpl:a'}),
 	'3 tpl:* 3', 'the row on its worker follows the template');
+
+# A change of a template on the coordinator and a first use on a worker
+# wait for each other, as on one node (the lock was this node's only): a
+# first use while a change is open gets the new values; a change while a
+# first use is open reaches that endpoint once it commits.
+sub psql_session
+{
+	my (@sql) = @_;
+	my ($out, $err) = ('', '');
+	my $h = IPC::Run::start(
+		[ 'psql', '-X', '-A', '-t', '-h', $coord->host, '-p', $coord->port, '-d', 'postgres',
+		  map { ('-c', $_) } @sql ],
+		'>', \$out, '2>', \$err);
+	return ($h, \$out, \$err);
+}
+$coord->safe_psql('postgres', q{SELECT ratebucket.bucket_template('lk:*', 0.001, 3)});
+my ($chg) = psql_session('BEGIN', q{SELECT ratebucket.bucket_template('lk:*', 0.001, 9)},
+	'SELECT pg_sleep(1.5)', 'COMMIT');
+Time::HiRes::sleep(0.5);
+my $t_use = Time::HiRes::time();
+is($coord->safe_psql('postgres', q{SELECT remaining FROM ratebucket.bucket_take('lk:a')}),
+	'8', 'a first use on a worker while a change is open takes the new template (9 - 1)');
+my $use_waited = Time::HiRes::time() - $t_use;
+$chg->finish;
+cmp_ok($use_waited, '>', 0.5, sprintf('it waited for the change to commit (%.2f s)', $use_waited));
+my ($use) = psql_session('BEGIN', q{SELECT remaining FROM ratebucket.bucket_take('lk:b')},
+	'SELECT pg_sleep(1.5)', 'COMMIT');
+Time::HiRes::sleep(0.5);
+my $t_chg = Time::HiRes::time();
+is($coord->safe_psql('postgres', q{SELECT ratebucket.bucket_template('lk:*', 0.001, 4)}),
+	'2', 'a change while a first use is open reaches both endpoints');
+my $chg_waited = Time::HiRes::time() - $t_chg;
+$use->finish;
+cmp_ok($chg_waited, '>', 0.5, sprintf('it waited for the first use to commit (%.2f s)', $chg_waited));
+is($coord->safe_psql('postgres', q{
+	SELECT string_agg(endpoint || '=' || conf_capacity, ' ' ORDER BY endpoint)
+	FROM ratebucket.buckets WHERE endpoint LIKE 'lk:%'}),
+	'lk:a=4 lk:b=4', 'both follow the template as last changed');
 
 # The status view on the cluster: a striped endpoint's stripes hash to other
 # shards than its own row, and the view sums them there (it failed: "complex
