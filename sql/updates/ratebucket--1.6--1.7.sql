@@ -1,6 +1,7 @@
 /* ratebucket--1.6--1.7.sql */
 
--- ratebucket 1.6 -> 1.7: the status view and bucket_expire on Citus.
+-- ratebucket 1.6 -> 1.7: the status view and bucket_expire on Citus, and
+-- endpoint_limits, every limit of an endpoint in one row.
 --
 -- Both pass rows to bucket_now and quota_now as ROW(b.*)::ratebucket.buckets
 -- (on a Citus shard, a whole-row reference has the shard's own row type,
@@ -8,7 +9,8 @@
 -- stripes by their keys listed first, and bucket_expire runs on each shard
 -- where the buckets are distributed.  The in-flight functions changed in
 -- the library only (no statement of theirs reads the clock or a ctid in a
--- way a distributed table refuses).
+-- way a distributed table refuses).  bucket_status gets paused_until, last;
+-- endpoint_limits is new, granted to no one.
 
 -- complain if script is sourced in psql, rather than via ALTER EXTENSION
 \echo Use "ALTER EXTENSION ratebucket UPDATE TO '1.7'" to load this file. \quit
@@ -117,7 +119,8 @@ SELECT b.endpoint,
 	   q.window_start AS quota_window_start,
 	   q.resets_at AS quota_resets_at,
 	   COALESCE(r.stripes, 1) AS stripes,
-	   b.template
+	   b.template,
+	   CASE WHEN n.paused THEN b.paused_until END AS paused_until
 FROM ratebucket.buckets AS b
 	 LEFT JOIN ratebucket.bucket_stripes AS r
 		 ON r.endpoint OPERATOR(pg_catalog.=) b.endpoint
@@ -141,3 +144,75 @@ FROM ratebucket.buckets AS b
 		 GROUP BY keys.endpoint
 	 ) AS st ON st.endpoint OPERATOR(pg_catalog.=) b.endpoint
 WHERE pg_catalog.octet_length(b.endpoint) OPERATOR(pg_catalog.<=) 1024;
+
+COMMENT ON COLUMN ratebucket.bucket_status.paused_until IS
+'While paused: until when (infinity: until bucket_resume); NULL otherwise.';
+
+-- What limits each endpoint, in one row: what holds a take of it now, if
+-- anything (the first that applies: paused, breaker open, cooldown, quota
+-- spent, no tokens, cap full) and until when, then each limit's figures:
+-- the bucket, its feedback state, its quota, the in-flight cap keyed like
+-- the endpoint, its stripes.  The view to open first when an endpoint's
+-- sends wait.
+CREATE VIEW ratebucket.endpoint_limits AS
+SELECT s.endpoint,
+	   h.held_by,
+	   h.until,
+	   s.tokens,
+	   s.capacity,
+	   s.effective_rate,
+	   COALESCE(s.conf_rate, s.rate) AS configured_rate,
+	   s.conf_floor_rate AS floor_rate,
+	   s.at_floor_since,
+	   s.cooldown_seconds,
+	   s.breaker,
+	   s.breaker_seconds,
+	   s.paused,
+	   s.paused_until,
+	   s.quota,
+	   s.quota_used,
+	   s.quota_remaining,
+	   s.quota_resets_at,
+	   i.cap,
+	   i.in_flight,
+	   s.stripes,
+	   s.configured,
+	   s.template
+FROM ratebucket.bucket_status AS s
+	 LEFT JOIN ratebucket.inflight_status AS i ON i.key OPERATOR(pg_catalog.=) s.endpoint
+	 CROSS JOIN LATERAL (
+		 SELECT CASE WHEN s.paused THEN 'paused'
+					 WHEN s.breaker OPERATOR(pg_catalog.=) 'open' THEN 'breaker open'
+					 WHEN s.cooldown_seconds OPERATOR(pg_catalog.>) 0 THEN 'cooldown'
+					 WHEN s.quota IS NOT NULL
+						  AND s.quota_remaining OPERATOR(pg_catalog.<) 1 THEN 'quota spent'
+					 WHEN s.quota IS NULL AND s.tokens OPERATOR(pg_catalog.<) 1 THEN 'no tokens'
+					 WHEN i.in_flight OPERATOR(pg_catalog.>=) i.cap THEN 'cap full'
+				END AS held_by,
+				CASE WHEN s.paused
+						  THEN NULLIF(s.paused_until, 'infinity'::pg_catalog.timestamptz)
+					 WHEN s.breaker OPERATOR(pg_catalog.=) 'open'
+						  THEN pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+)
+							   pg_catalog.make_interval(secs => s.breaker_seconds)
+					 WHEN s.cooldown_seconds OPERATOR(pg_catalog.>) 0
+						  THEN pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+)
+							   pg_catalog.make_interval(secs => s.cooldown_seconds)
+					 WHEN s.quota IS NOT NULL
+						  AND s.quota_remaining OPERATOR(pg_catalog.<) 1 THEN s.quota_resets_at
+					 WHEN s.quota IS NULL AND s.tokens OPERATOR(pg_catalog.<) 1
+						  AND s.effective_rate OPERATOR(pg_catalog.>) 0
+						  THEN pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+)
+							   pg_catalog.make_interval(secs =>
+								   (1 OPERATOR(pg_catalog.-) s.tokens) OPERATOR(pg_catalog./) s.effective_rate)
+				END AS until) AS h;
+
+COMMENT ON VIEW ratebucket.endpoint_limits IS
+'One row per endpoint: what holds a take of it now (paused, breaker open, cooldown, quota spent, no tokens, cap full; NULL: nothing) and until when, then every limit in force: the bucket, its rate against the configured one and its floor, cooldown, breaker, pause, quota, the in-flight cap keyed like the endpoint, stripes.';
+COMMENT ON COLUMN ratebucket.endpoint_limits.held_by IS
+'What refuses a take now, the first that applies: paused, breaker open, cooldown, quota spent, no tokens, cap full; NULL when a take would be granted.';
+COMMENT ON COLUMN ratebucket.endpoint_limits.until IS
+'When held_by lets go: the end of the pause (NULL: until bucket_resume), of the open breaker, of the cooldown, the quota''s reset, the next token; NULL for a full cap (a slot frees when a delivery is recorded or its lease ends).';
+COMMENT ON COLUMN ratebucket.endpoint_limits.cap IS
+'The in-flight cap whose key is the endpoint (inflight_configure), if there is one.';
+
+REVOKE ALL ON ratebucket.endpoint_limits FROM PUBLIC;

@@ -250,6 +250,13 @@ is($coord->safe_psql('postgres', q{
 	SELECT count(*) || ' 0' FROM ratebucket.buckets WHERE octet_length(endpoint) <= 1024}),
 	'bucket_status: one row per endpoint of the cluster, each with its tokens');
 
+# endpoint_limits over the cluster: what holds each endpoint, a striped
+# one's stripes summed.
+is($coord->safe_psql('postgres', q{
+	SELECT string_agg(endpoint || ':' || coalesce(held_by, '-') || ':' || stripes, ' ' ORDER BY endpoint)
+	FROM ratebucket.endpoint_limits WHERE endpoint IN ('ep:conf', 'hot', 'many:5')}),
+	'ep:conf:cooldown:1 hot:-:4 many:5:no tokens:1', 'endpoint_limits on the cluster says what holds each endpoint');
+
 # In-flight caps, delegated: the slots of a key live with it.  Slot ids are
 # unique over the cluster: a call the coordinator does not delegate (part of
 # a larger query) acquires through the coordinator's sequence, a delegated
