@@ -87,6 +87,13 @@ SELECT status, parked, next_attempt_at BETWEEN now() + interval '59 s' AND now()
        AS set_aside
 FROM qe.webhook_events WHERE endpoint = 'e:unset';
 SELECT endpoint FROM qe.due_endpoints();
+-- The same when only the endpoint lacks one and its events' limit has one:
+-- nothing taken from the limit, no error.
+INSERT INTO qe.webhook_events (endpoint, limits) VALUES ('x:unset', ARRAY['acct']);
+SELECT count(*) AS claimed FROM qe.claim_endpoint('x:unset', 10, unclaimable_wait => 600);
+SELECT next_attempt_at > now() + interval '599 s' AS set_aside FROM qe.webhook_events
+WHERE endpoint = 'x:unset';
+SELECT tokens_granted FROM ratebucket.buckets WHERE endpoint = 'acct';
 -- A template that matches it configures it at its next claim.
 SELECT ratebucket.bucket_template('e:*', 0.000001, 4);
 UPDATE qe.webhook_events SET next_attempt_at = now() - interval '1 s' WHERE endpoint = 'e:unset';

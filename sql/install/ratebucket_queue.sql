@@ -1479,14 +1479,15 @@ BEGIN
     -- 3. and 4. what could be granted
     -- (bucket_grantable, not bucket_claimable: that one answers once per
     -- endpoint per statement, or per transaction in PL/pgSQL)
+    -- (a NULL, no configuration, sticks: least() would pass over it)
     n := ratebucket.bucket_grantable(ep, max_events);
     FOR m IN SELECT ratebucket.bucket_grantable(k.key, max_events)
              FROM unnest(head.limits) AS k(key) LOOP
-        n := CASE WHEN m IS NULL THEN NULL ELSE least(n, m) END;
+        n := CASE WHEN m IS NULL OR n IS NULL THEN NULL ELSE least(n, m) END;
     END LOOP;
     IF head.inflight_key IS NOT NULL THEN
         m := claim_cap_free(head.inflight_key);
-        n := CASE WHEN m IS NULL THEN NULL ELSE least(n, m) END;
+        n := CASE WHEN m IS NULL OR n IS NULL THEN NULL ELSE least(n, m) END;
     END IF;
     IF n IS NULL
        OR ((cardinality(head.limits) > 0 OR head.inflight_key IS NOT NULL)
@@ -1508,10 +1509,13 @@ BEGIN
         RETURN;
     END IF;
     IF n <= 0 THEN
+        -- (at least a millisecond: left due, the head would keep the
+        -- endpoint's other events behind it, each claim finding it again)
         SELECT greatest(max(ratebucket.bucket_wait(k.key)),
                         CASE WHEN head.inflight_key IS NOT NULL
                                   AND claim_cap_free(head.inflight_key) = 0
-                             THEN cap_wait ELSE 0 END)
+                             THEN cap_wait ELSE 0 END,
+                        0.001)
         INTO wait
         FROM unnest(ARRAY[ep] || head.limits) AS k(key);
         IF wait > 0 THEN

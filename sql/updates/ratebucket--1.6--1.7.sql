@@ -3,10 +3,11 @@
 -- ratebucket 1.6 -> 1.7: the status view and bucket_expire on Citus, and
 -- endpoint_limits, every limit of an endpoint in one row.
 --
--- Both pass rows to bucket_now and quota_now as ROW(b.*)::ratebucket.buckets
--- (on a Citus shard, a whole-row reference has the shard's own row type,
--- which the functions do not take), the view finds a striped endpoint's
--- stripes by their keys listed first, and bucket_expire runs on each shard
+-- distribute() puts the status view in a form Citus can plan (a striped
+-- endpoint's stripes found by their keys listed first, rows passed as
+-- ROW(b.*)::ratebucket.buckets, which a shard's row type becomes there),
+-- here and on every worker: on a cluster, run it again after this update,
+-- which brings the one-node form back.  bucket_expire runs on each shard
 -- where the buckets are distributed.  The in-flight functions changed in
 -- the library only (no statement of theirs reads the clock or a ctid in a
 -- way a distributed table refuses).  bucket_status gets paused_until, last;
@@ -26,6 +27,7 @@ DECLARE
 	deleted bigint;
 	stmt text;
 	p record;
+	failed text;
 BEGIN
 	IF idle IS NULL OR idle OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
 		RAISE EXCEPTION 'idle must be a non-negative interval'
@@ -53,19 +55,31 @@ BEGIN
 		IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition AS d
 				   WHERE d.logicalrelid OPERATOR(pg_catalog.=) 'ratebucket.buckets'::pg_catalog.regclass) THEN
 			-- Citus: on each shard, on the node that holds it, each in a
-			-- transaction of its own
-			FOR p IN SELECT * FROM pg_catalog.run_command_on_placements('ratebucket.buckets', stmt)
-					 ORDER BY shardid
+			-- transaction of its own; a shard with several placements
+			-- counted once
+			FOR p IN SELECT r.shardid,
+							pg_catalog.bool_and(r.success) AS success,
+							pg_catalog.max(r.result) FILTER (WHERE r.success) AS deleted,
+							pg_catalog.string_agg(r.nodename OPERATOR(pg_catalog.||) ':'
+												  OPERATOR(pg_catalog.||) r.nodeport
+												  OPERATOR(pg_catalog.||) ': '
+												  OPERATOR(pg_catalog.||) r.result, '; ')
+								FILTER (WHERE NOT r.success) AS failure
+					 FROM pg_catalog.run_command_on_placements('ratebucket.buckets', stmt) AS r
+					 GROUP BY r.shardid ORDER BY r.shardid
 			LOOP
+				n := n OPERATOR(pg_catalog.+) COALESCE(p.deleted::pg_catalog.int8, 0);
 				IF NOT p.success THEN
-					RAISE EXCEPTION 'could not expire the buckets of shard % on %:%: %',
-						p.shardid, p.nodename, p.nodeport, p.result
-						USING ERRCODE = 'connection_exception',
-							  DETAIL = pg_catalog.format('The other shards expired on their own; %s buckets were deleted there.',
-														 n);
+					failed := pg_catalog.concat_ws('; ', failed,
+						pg_catalog.format('shard %s (%s)', p.shardid, p.failure));
 				END IF;
-				n := n OPERATOR(pg_catalog.+) p.result::pg_catalog.int8;
 			END LOOP;
+			IF failed IS NOT NULL THEN
+				RAISE EXCEPTION 'could not expire the buckets of every shard: %', failed
+					USING ERRCODE = 'connection_exception',
+						  DETAIL = pg_catalog.format('The other shards expired on their own: %s buckets were deleted there.',
+													 n);
+			END IF;
 			RETURN n;
 		END IF;
 	END IF;
@@ -77,6 +91,64 @@ $$;
 COMMENT ON FUNCTION ratebucket.bucket_expire(interval) IS
 'Delete buckets that were not configured, have not been refilled for idle, are full now, and hold nothing learned from feedback (a lowered rate, a cooldown, a pause, an open breaker, a run of failures): a later take recreates them full, so expiry changes no decision. Returns the number deleted. On Citus each shard expires on its node, in a transaction of its own.';
 
+-- distribute() also puts the status view in its Citus form.
+CREATE OR REPLACE FUNCTION ratebucket.distribute(shard_count int DEFAULT NULL)
+RETURNS TABLE (object text, action text)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t record;
+	f regprocedure;
+	status_view text;
+	failed text;
+BEGIN
+	IF pg_catalog.to_regproc('pg_catalog.create_distributed_table') IS NULL THEN
+		RAISE EXCEPTION 'Citus is not installed in this database'
+			USING ERRCODE = 'feature_not_supported',
+				  HINT = 'Run CREATE EXTENSION citus, then ratebucket.distribute() on the coordinator.';
+	END IF;
+	IF shard_count IS NOT NULL AND shard_count OPERATOR(pg_catalog.<) 1 THEN
+		RAISE EXCEPTION 'shard_count must be at least 1'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	FOR t IN SELECT * FROM (VALUES
+			(1, 'ratebucket.buckets'::regclass, 'endpoint', NULL::text),
+			(2, 'ratebucket.bucket_stripes'::regclass, 'endpoint', 'ratebucket.buckets'),
+			(3, 'ratebucket.inflight_caps'::regclass, 'key', 'ratebucket.buckets'),
+			(4, 'ratebucket.inflight_slots'::regclass, 'key', 'ratebucket.buckets'),
+			(5, 'ratebucket.bucket_templates'::regclass, NULL, NULL)) AS v(o, rel, col, colocate)
+		ORDER BY o
+	LOOP
+		IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition AS p
+				   WHERE p.logicalrelid OPERATOR(pg_catalog.=) t.rel) THEN
+			object := t.rel::text; action := 'already distributed';
+		ELSIF t.col IS NULL THEN
+			-- the templates' statement trigger only tells the sessions of
+			-- the node it fires on to read the templates again, which is
+			-- what each node needs: "unsafe" triggers are safe here
+			PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+			PERFORM pg_catalog.create_reference_table(t.rel);
+			object := t.rel::text; action := 'reference table';
+		ELSIF t.colocate IS NULL THEN
+			PERFORM pg_catalog.create_distributed_table(t.rel, t.col, shard_count => shard_count);
+			object := t.rel::text; action := 'distributed by ' || t.col;
+		ELSE
+			PERFORM pg_catalog.create_distributed_table(t.rel, t.col, colocate_with => t.colocate);
+			object := t.rel::text;
+			action := 'distributed by ' || t.col || ', co-located with ' || t.colocate;
+		END IF;
+		RETURN NEXT;
+	END LOOP;
+	-- The status view, in a form Citus can plan, here and on every worker:
+	-- a striped endpoint's stripes hash to other shards than its row, so
+	-- they are found by their keys, listed first (keys), which Citus runs
+	-- as a step of its own; the rows go to the functions as
+	-- ROW(b.*)::ratebucket.buckets, which a shard's own row type becomes
+	-- there.  (On one node the view looks each stripe up from its
+	-- endpoint's row instead, which reads only the stripes of the rows it
+	-- returns; Citus refuses that join.)
+	status_view := $view$
 CREATE OR REPLACE VIEW ratebucket.bucket_status AS
 SELECT b.endpoint,
 	   b.rate,
@@ -143,6 +215,117 @@ FROM ratebucket.buckets AS b
 			  JOIN ratebucket.buckets AS s ON s.endpoint OPERATOR(pg_catalog.=) keys.key
 		 GROUP BY keys.endpoint
 	 ) AS st ON st.endpoint OPERATOR(pg_catalog.=) b.endpoint
+WHERE pg_catalog.octet_length(b.endpoint) OPERATOR(pg_catalog.<=) 1024;
+$view$;
+	object := 'ratebucket.bucket_status';
+	IF pg_catalog.pg_get_viewdef('ratebucket.bucket_status'::pg_catalog.regclass)
+	   OPERATOR(pg_catalog.~) 'WITH keys AS' THEN
+		action := 'already in its Citus form';
+	ELSE
+		action := 'replaced by its Citus form, here and on every worker';
+	END IF;
+	EXECUTE status_view;
+	SELECT pg_catalog.string_agg(w.nodename OPERATOR(pg_catalog.||) ':'
+								 OPERATOR(pg_catalog.||) w.nodeport
+								 OPERATOR(pg_catalog.||) ': '
+								 OPERATOR(pg_catalog.||) w.result, '; ')
+	INTO failed
+	-- (a worker refuses DDL on the extension's objects unless told this
+	-- is not to be propagated)
+	FROM pg_catalog.run_command_on_workers(
+			 'SET citus.enable_ddl_propagation TO off; ' OPERATOR(pg_catalog.||) status_view) AS w
+	WHERE NOT w.success;
+	IF failed IS NOT NULL THEN
+		RAISE EXCEPTION 'could not replace ratebucket.bucket_status on every worker: %', failed
+			USING ERRCODE = 'connection_exception';
+	END IF;
+	RETURN NEXT;
+	FOR f IN SELECT p.oid::regprocedure
+			 FROM pg_catalog.pg_proc AS p
+			 WHERE p.pronamespace OPERATOR(pg_catalog.=) 'ratebucket'::regnamespace
+			   AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY[
+					 'bucket_take', 'bucket_take_upto', 'bucket_ready', 'bucket_wait',
+					 'bucket_claimable', 'bucket_grantable', 'bucket_configure',
+					 'bucket_configure_quota', 'bucket_stripe', 'bucket_observe',
+					 'bucket_pause', 'bucket_resume', 'bucket_reset', 'bucket_drop',
+					 'inflight_configure', 'inflight_acquire', 'inflight_release',
+					 'inflight_renew', 'inflight_drop'])
+			 ORDER BY 1::text
+	LOOP
+		object := f::text;
+		IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object AS d
+				   WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::regclass
+					 AND d.objid OPERATOR(pg_catalog.=) f::oid
+					 AND d.distribution_argument_index IS NOT NULL) THEN
+			action := 'already delegated';
+		ELSE
+			PERFORM pg_catalog.create_distributed_function(f, '$1',
+														   colocate_with => 'ratebucket.buckets');
+			action := 'delegated on its first argument';
+		END IF;
+		RETURN NEXT;
+	END LOOP;
+END;
+$$;
+
+CREATE OR REPLACE VIEW ratebucket.bucket_status AS
+SELECT b.endpoint,
+	   b.rate,
+	   b.capacity,
+	   COALESCE(st.tokens, n.tokens) AS tokens,
+	   n.effective_rate,
+	   n.cooldown_seconds,
+	   n.paused,
+	   n.breaker,
+	   n.breaker_seconds,
+	   n.at_floor_since,
+	   b.conf_rate IS NOT NULL AS configured,
+	   b.conf_rate,
+	   b.conf_capacity,
+	   b.conf_floor_rate,
+	   COALESCE(GREATEST(st.last_granted_at, b.last_granted_at),
+				b.last_granted_at) AS last_used,
+	   pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
+		   COALESCE(GREATEST(st.last_granted_at, b.last_granted_at),
+					b.created_at) AS idle,
+	   b.takes_granted OPERATOR(pg_catalog.+) COALESCE(st.takes_granted, 0) AS takes_granted,
+	   b.tokens_granted OPERATOR(pg_catalog.+) COALESCE(st.tokens_granted, 0) AS tokens_granted,
+	   b.successes,
+	   b.failures,
+	   b.throttles,
+	   b.cooldowns,
+	   b.breaker_opens,
+	   b.malformed_headers,
+	   b.failure_run,
+	   b.last_status,
+	   b.last_observed_at,
+	   b.refilled_at,
+	   b.created_at,
+	   b.configured_at,
+	   b.quota_period,
+	   b.quota_time_zone,
+	   CASE WHEN b.quota_period IS NOT NULL THEN b.conf_capacity END AS quota,
+	   q.used AS quota_used,
+	   q.remaining AS quota_remaining,
+	   q.window_start AS quota_window_start,
+	   q.resets_at AS quota_resets_at,
+	   COALESCE(r.stripes, 1) AS stripes,
+	   b.template,
+	   CASE WHEN n.paused THEN b.paused_until END AS paused_until
+FROM ratebucket.buckets AS b
+	 LEFT JOIN ratebucket.bucket_stripes AS r
+		 ON r.endpoint OPERATOR(pg_catalog.=) b.endpoint
+	 CROSS JOIN LATERAL ratebucket.bucket_now(b, pg_catalog.clock_timestamp()) AS n
+	 CROSS JOIN LATERAL ratebucket.quota_now(b, pg_catalog.clock_timestamp()) AS q
+	 LEFT JOIN LATERAL (
+		 SELECT pg_catalog.sum((ratebucket.bucket_now(s, pg_catalog.clock_timestamp())).tokens) AS tokens,
+				pg_catalog.max(s.last_granted_at) AS last_granted_at,
+				CAST(pg_catalog.sum(s.takes_granted) AS pg_catalog.int8) AS takes_granted,
+				pg_catalog.sum(s.tokens_granted) AS tokens_granted
+		 FROM pg_catalog.generate_series(0, r.stripes OPERATOR(pg_catalog.-) 1) AS i
+			  JOIN ratebucket.buckets AS s
+				  ON s.endpoint OPERATOR(pg_catalog.=) ratebucket.stripe_key(b.endpoint, i, r.stripes)
+	 ) AS st ON r.stripes IS NOT NULL
 WHERE pg_catalog.octet_length(b.endpoint) OPERATOR(pg_catalog.<=) 1024;
 
 COMMENT ON COLUMN ratebucket.bucket_status.paused_until IS

@@ -23,12 +23,14 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "nodes/makefuncs.h"
 #include "parser/parse_func.h"
+#include "storage/lockdefs.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -44,6 +46,7 @@ static SPIPlanPtr count_plan = NULL;
 static SPIPlanPtr insert_plan = NULL;
 static SPIPlanPtr group_plan = NULL;
 static SPIPlanPtr release_plan = NULL;
+static SPIPlanPtr renew_shard_plan = NULL;
 static SPIPlanPtr renew_lock_plan = NULL;
 static SPIPlanPtr renew_plan = NULL;
 static SPIPlanPtr drop_cap_plan = NULL;
@@ -191,7 +194,29 @@ rb_inflight_slot_base(void)
 								 0, NULL),
 					 NULL, NULL, SPI_OK_SELECT);
 	group = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	return isnull ? 0 : DatumGetInt64(group) << 48;
+	if (isnull)
+		return 0;
+	if (DatumGetInt64(group) < 0 || DatumGetInt64(group) >= (INT64CONST(1) << 15))
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("in-flight slot ids cannot be made unique on Citus group %lld",
+						(long long) DatumGetInt64(group)),
+				 errdetail("Each node's slot ids start at its group id times 2^48, which fits a group id below 32768.")));
+	return (int64) ((uint64) DatumGetInt64(group) << 48);
+}
+
+/* Is ratebucket.inflight_slots distributed by Citus? */
+static bool
+rb_inflight_slots_distributed(void)
+{
+	Oid			nsp;
+	Oid			relid;
+
+	if (!OidIsValid(get_extension_oid("citus", true)))
+		return false;
+	nsp = get_namespace_oid("ratebucket", true);
+	relid = OidIsValid(nsp) ? get_relname_relid("inflight_slots", nsp) : InvalidOid;
+	return OidIsValid(relid) && rb_is_distributed(relid);
 }
 
 static int
@@ -317,6 +342,22 @@ rb_inflight_renew(text *key, ArrayType *slots, Interval *lease)
 	 * UPDATE, not a volatile call in it, which a distributed table's UPDATE
 	 * could not run.
 	 */
+	if (rb_inflight_slots_distributed())
+	{
+		/*
+		 * On Citus, keep the key's shard in place until commit, as a take
+		 * does (bucket/storage.c, rb_lock_shard): a shard move between the
+		 * lock below and the UPDATE would send the UPDATE where nothing is
+		 * locked.
+		 */
+		StaticAssertStmt(ShareLock == 5, "the lock mode lock_shard_metadata is given");
+		rb_inflight_exec(rb_spi_plan(&renew_shard_plan,
+									 "SELECT pg_catalog.lock_shard_metadata(5, ARRAY["
+									 "pg_catalog.get_shard_id_for_distribution_column("
+									 "'ratebucket.inflight_slots'::pg_catalog.regclass, $1)])",
+									 1, argtypes),
+						 values, nulls, SPI_OK_SELECT);
+	}
 	rb_inflight_exec(rb_spi_plan(&renew_lock_plan,
 								 "SELECT s.slot FROM ratebucket.inflight_slots AS s"
 								 " WHERE s.key OPERATOR(pg_catalog.=) $1"
