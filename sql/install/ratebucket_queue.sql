@@ -1422,6 +1422,7 @@ DECLARE
     n       int;
     m       int;
     wait    float8;
+    park    boolean;
     ids     bigint[];
     t       record;
     refused bigint[];
@@ -1495,8 +1496,27 @@ BEGIN
                        WHERE i.striped)) THEN
         -- left alone, as claim_events leaves them: set aside for
         -- unclaimable_wait, so that due_endpoints lists what can go
+        wait := unclaimable_wait;
+        park := false;
+    ELSIF n <= 0 THEN
+        -- nothing to grant: put off until the buckets have a token (a full
+        -- cap: cap_wait), parked; at least a millisecond: left due, the
+        -- head would keep the endpoint's other events behind it, each
+        -- claim finding it again
+        SELECT greatest(max(ratebucket.bucket_wait(k.key)),
+                        CASE WHEN head.inflight_key IS NOT NULL
+                                  AND claim_cap_free(head.inflight_key) = 0
+                             THEN cap_wait ELSE 0 END,
+                        0.001)
+        INTO wait
+        FROM unnest(ARRAY[ep] || head.limits) AS k(key);
+        park := true;
+    END IF;
+    IF wait IS NOT NULL THEN
+        -- the head's first max_events due events
         UPDATE webhook_events e
-        SET next_attempt_at = now() + make_interval(secs => unclaimable_wait), parked = false
+        SET next_attempt_at = now() + make_interval(secs => least(wait, 366 * 86400.0)),
+            parked = park
         WHERE e.endpoint = ep
           AND e.id IN (SELECT d.id FROM webhook_events d
                        WHERE d.endpoint = ep
@@ -1506,32 +1526,6 @@ BEGIN
                        ORDER BY d.priority DESC, d.next_attempt_at
                        LIMIT max_events
                        FOR UPDATE SKIP LOCKED);
-        RETURN;
-    END IF;
-    IF n <= 0 THEN
-        -- (at least a millisecond: left due, the head would keep the
-        -- endpoint's other events behind it, each claim finding it again)
-        SELECT greatest(max(ratebucket.bucket_wait(k.key)),
-                        CASE WHEN head.inflight_key IS NOT NULL
-                                  AND claim_cap_free(head.inflight_key) = 0
-                             THEN cap_wait ELSE 0 END,
-                        0.001)
-        INTO wait
-        FROM unnest(ARRAY[ep] || head.limits) AS k(key);
-        IF wait > 0 THEN
-            UPDATE webhook_events e
-            SET next_attempt_at = now() + make_interval(secs => least(wait, 366 * 86400.0)),
-                parked = true
-            WHERE e.endpoint = ep
-              AND e.id IN (SELECT d.id FROM webhook_events d
-                           WHERE d.endpoint = ep
-                             AND d.limits = head.limits
-                             AND d.inflight_key IS NOT DISTINCT FROM head.inflight_key
-                             AND d.status = 'pending' AND d.next_attempt_at <= now()
-                           ORDER BY d.priority DESC, d.next_attempt_at
-                           LIMIT max_events
-                           FOR UPDATE SKIP LOCKED);
-        END IF;
         RETURN;
     END IF;
 

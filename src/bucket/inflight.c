@@ -30,7 +30,6 @@
 #include "executor/spi.h"
 #include "nodes/makefuncs.h"
 #include "parser/parse_func.h"
-#include "storage/lockdefs.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -350,13 +349,7 @@ rb_inflight_renew(text *key, ArrayType *slots, Interval *lease)
 		 * lock below and the UPDATE would send the UPDATE where nothing is
 		 * locked.
 		 */
-		StaticAssertStmt(ShareLock == 5, "the lock mode lock_shard_metadata is given");
-		rb_inflight_exec(rb_spi_plan(&renew_shard_plan,
-									 "SELECT pg_catalog.lock_shard_metadata(5, ARRAY["
-									 "pg_catalog.get_shard_id_for_distribution_column("
-									 "'ratebucket.inflight_slots'::pg_catalog.regclass, $1)])",
-									 1, argtypes),
-						 values, nulls, SPI_OK_SELECT);
+		rb_lock_shard_of(&renew_shard_plan, "ratebucket.inflight_slots", key);
 	}
 	rb_inflight_exec(rb_spi_plan(&renew_lock_plan,
 								 "SELECT s.slot FROM ratebucket.inflight_slots AS s"

@@ -715,17 +715,28 @@ rb_storage_from_row(HeapTupleHeader row, RbBucket *bucket)
 static void
 rb_lock_shard(text *endpoint)
 {
+	rb_spi_connect();
+	rb_lock_shard_of(&shard_lock_plan, RB_QUALIFIED, endpoint);
+}
+
+/*
+ * rb_lock_shard_of
+ *		rb_lock_shard for the shard of key in a distributed table ("relation",
+ *		schema-qualified), with SPI connected; the plan is saved in *plan.
+ */
+void
+rb_lock_shard_of(SPIPlanPtr *plan, const char *relation, text *key)
+{
 	Oid			argtypes[1] = {TEXTOID};
 	Datum		values[1];
 	int			rc;
 
 	StaticAssertStmt(ShareLock == 5, "the lock mode lock_shard_metadata is given");
-	rb_spi_connect();
-	values[0] = PointerGetDatum(endpoint);
-	rc = SPI_execute_plan(rb_spi_plan(&shard_lock_plan,
-									  "SELECT pg_catalog.lock_shard_metadata(5, ARRAY["
-									  "pg_catalog.get_shard_id_for_distribution_column("
-									  "'" RB_QUALIFIED "'::pg_catalog.regclass, $1)])",
+	values[0] = PointerGetDatum(key);
+	rc = SPI_execute_plan(rb_spi_plan(plan, *plan != NULL ? NULL :
+									  psprintf("SELECT pg_catalog.lock_shard_metadata(5, ARRAY["
+											   "pg_catalog.get_shard_id_for_distribution_column("
+											   "'%s'::pg_catalog.regclass, $1)])", relation),
 									  1, argtypes),
 						  values, NULL, false, 1);
 	if (rc != SPI_OK_SELECT)

@@ -43,5 +43,6 @@ extern void rb_storage_from_row(HeapTupleHeader row, RbBucket *bucket);
 extern SPIPlanPtr rb_spi_plan(SPIPlanPtr *plan, const char *sql, int nargs,
 							  Oid *argtypes);
 extern bool rb_is_distributed(Oid relid);
+extern void rb_lock_shard_of(SPIPlanPtr *plan, const char *relation, text *key);
 
 #endif							/* RATEBUCKET_BUCKET_STORAGE_H */
