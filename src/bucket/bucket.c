@@ -205,9 +205,12 @@ rb_bucket_decide(RbBucket *bucket, double rate, double capacity, double want,
 		rb_bucket_policy(bucket, rb_bucket_ceiling(bucket), &policy);
 		rb_bucket_quota_window(bucket, Max(now, bucket->state.refilled_at),
 							   &start, &end);
-		return rb_quota_take(&bucket->state, &bucket->adapt, &policy,
-							 capacity, start, end, want, upto, now,
-							 write, granted);
+		result = rb_quota_take(&bucket->state, &bucket->adapt, &policy,
+							   capacity, start, end, want, upto, now,
+							   write, granted);
+		if (*write)
+			rb_adapt_settle(&bucket->adapt, &policy, now);
+		return result;
 	}
 
 	rb_bucket_policy(bucket, rate, &policy);
@@ -227,6 +230,9 @@ rb_bucket_decide(RbBucket *bucket, double rate, double capacity, double want,
 								rate, capacity, want, now, write);
 		*granted = result.allowed ? want : 0.0;
 	}
+	/* what time has ended is written with it (rb_adapt_settle) */
+	if (*write)
+		rb_adapt_settle(&bucket->adapt, &policy, now);
 	return result;
 }
 

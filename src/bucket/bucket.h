@@ -38,6 +38,21 @@
 #define RB_TEXT_LEN 256
 
 /*
+ * What of a row the events watch (bucket/events.c), as it was read: a row
+ * read by storage records it, so that its write can tell what changed.
+ * valid is false for a row not read from the table (a new one): then
+ * nothing was set.
+ */
+typedef struct RbEventState
+{
+	bool		valid;
+	bool		quota_spent;	/* a quota with less than one token left */
+	int64		open_until;		/* the breaker's (RB_NO_TIME: closed) */
+	int64		at_floor_since;
+	int64		paused_until;
+} RbEventState;
+
+/*
  * One bucket row.  A NULL column reads as NaN (for float8), -1 (for int4),
  * RB_NO_TIME (for timestamptz) or "" (for text), and is written back as
  * NULL.
@@ -69,6 +84,8 @@ typedef struct RbBucket
 	char		quota_time_zone[RB_TEXT_LEN];
 	/* the template that configured it (bucket_template); "" if none */
 	char		template_name[RB_TEXT_LEN];
+	/* not a column: what the events watch, as storage read it */
+	RbEventState as_read;
 } RbBucket;
 
 /*

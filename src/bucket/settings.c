@@ -33,6 +33,7 @@ RbSettings	rb_settings = {
 	.breaker_max_open_ms = 600 * 1000,
 };
 bool		rb_direct_access = true;
+bool		rb_events = true;
 
 /* rb_settings_init: define the settings and reserve the prefix. */
 void
@@ -92,6 +93,12 @@ rb_settings_init(void)
 							 "Off: every row access runs as an SQL statement (SPI), "
 							 "as it must where the table is distributed (Citus).",
 							 &rb_direct_access, true,
+							 PGC_SUSET, 0, NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("ratebucket.events",
+							 "Send a NOTIFY on ratebucket_events when a breaker opens or closes, an endpoint reaches or leaves its floor, a quota is spent or reset, an endpoint is paused or resumed.",
+							 "Off for transactions that must be able to PREPARE TRANSACTION: PostgreSQL refuses to prepare one that sent a NOTIFY.",
+							 &rb_events, true,
 							 PGC_SUSET, 0, NULL, NULL, NULL);
 
 #if PG_VERSION_NUM >= 150000

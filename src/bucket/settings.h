@@ -17,6 +17,9 @@ extern RbSettings rb_settings;
 /* ratebucket.direct_access */
 extern bool rb_direct_access;
 
+/* ratebucket.events */
+extern bool rb_events;
+
 extern void rb_settings_init(void);
 
 #endif							/* RATEBUCKET_BUCKET_SETTINGS_H */

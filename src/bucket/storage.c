@@ -44,6 +44,7 @@
 #include "utils/typcache.h"
 
 #include "bucket/direct.h"
+#include "bucket/events.h"
 #include "bucket/storage.h"
 
 #define RB_SCHEMA	"ratebucket"
@@ -628,6 +629,7 @@ rb_find_direct(text *endpoint, RbDirectMode mode, RbBucket *bucket)
 		bucket->key = endpoint;
 		for (i = 0; i < RB_NCOLUMNS; i++)
 			rb_read_value(&rb_columns[i], values[i], nulls[i], bucket);
+		rb_events_read(bucket);
 	}
 	return found;
 }
@@ -666,6 +668,7 @@ rb_select(SPIPlanPtr *plan, const char *sql, text *endpoint, RbBucket *bucket)
 		else
 			rb_null_column(&rb_columns[i], bucket);
 	}
+	rb_events_read(bucket);
 	return true;
 }
 
@@ -825,6 +828,17 @@ rb_write(SPIPlanPtr *plan, const char *sql, Oid *argtypes, Datum first,
 }
 
 /*
+ * A row was written: its events (bucket/events.c), unless Citus distributed
+ * the table (a NOTIFY would make its two-phase commit fail).
+ */
+static void
+rb_written(text *key, const RbBucket *bucket)
+{
+	if (!table_distributed && key != NULL)
+		rb_events_written(key, bucket);
+}
+
+/*
  * rb_storage_insert
  *		Insert a new row for the endpoint.  Returns false, changing nothing,
  *		if a concurrent transaction inserted one first (the caller then locks
@@ -833,8 +847,11 @@ rb_write(SPIPlanPtr *plan, const char *sql, Oid *argtypes, Datum first,
 bool
 rb_storage_insert(text *endpoint, const RbBucket *bucket)
 {
-	return rb_write(&insert_plan, insert_sql, insert_argtypes,
-					PointerGetDatum(endpoint), bucket, NULL, SPI_OK_INSERT) == 1;
+	if (rb_write(&insert_plan, insert_sql, insert_argtypes,
+				 PointerGetDatum(endpoint), bucket, NULL, SPI_OK_INSERT) != 1)
+		return false;
+	rb_written(endpoint, bucket);
+	return true;
 }
 
 /* Write a row read directly; see rb_direct_update for "wait". */
@@ -866,14 +883,18 @@ rb_storage_update(RbBucket *bucket)
 	{
 		if (!rb_update_direct(bucket, true))
 			elog(ERROR, "bucket row to update was not found at its locked position");
-		return;
 	}
-	if (bucket->key == NULL)
-		elog(ERROR, "bucket row to update was not locked by its key");
-	if (rb_write(&update_plan, update_sql, update_argtypes,
-				 PointerGetDatum(&bucket->tid), bucket, bucket->key,
-				 SPI_OK_UPDATE) != 1)
-		elog(ERROR, "bucket row to update was not found at its locked position");
+	else
+	{
+		if (bucket->key == NULL)
+			elog(ERROR, "bucket row to update was not locked by its key");
+		if (rb_write(&update_plan, update_sql, update_argtypes,
+					 PointerGetDatum(&bucket->tid), bucket, bucket->key,
+					 SPI_OK_UPDATE) != 1)
+			elog(ERROR, "bucket row to update was not found at its locked position");
+	}
+	rb_written(bucket->key, bucket);
+	rb_events_read(bucket);
 }
 
 /*
@@ -887,9 +908,11 @@ rb_storage_update(RbBucket *bucket)
 bool
 rb_storage_update_unchanged(RbBucket *bucket)
 {
-	if (!session_direct)
+	if (!session_direct || !rb_update_direct(bucket, false))
 		return false;
-	return rb_update_direct(bucket, false);
+	rb_written(bucket->key, bucket);
+	rb_events_read(bucket);
+	return true;
 }
 
 /*

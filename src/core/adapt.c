@@ -270,6 +270,22 @@ rb_at_floor(const RbAdapt *adapt, const RbPolicy *policy, int64_t now)
 		rb_curve_now(adapt, policy, now) <= policy->floor_factor;
 }
 
+/*
+ * rb_adapt_settle
+ *		Clear what time has ended, for a row about to be written at "now": a
+ *		floor the rate has left, a pause that is over.  Neither changes a
+ *		decision (both were over already); they make the stored row say so,
+ *		which is what its events watch (bucket/events.c).
+ */
+void
+rb_adapt_settle(RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	if (adapt->at_floor_since != RB_NO_TIME && !rb_at_floor(adapt, policy, now))
+		adapt->at_floor_since = RB_NO_TIME;
+	if (adapt->paused_until != RB_NO_TIME && adapt->paused_until <= now)
+		adapt->paused_until = RB_NO_TIME;
+}
+
 /* rb_breaker_state: closed, open, or half-open (open period over). */
 RbBreakerState
 rb_breaker_state(const RbAdapt *adapt, int64_t now)

@@ -112,6 +112,8 @@ extern double rb_capacity_now(const RbAdapt *adapt, const RbPolicy *policy,
 							  double capacity, double want, int64_t now);
 extern bool rb_at_floor(const RbAdapt *adapt, const RbPolicy *policy,
 						int64_t now);
+extern void rb_adapt_settle(RbAdapt *adapt, const RbPolicy *policy,
+							int64_t now);
 extern RbBreakerState rb_breaker_state(const RbAdapt *adapt, int64_t now);
 extern const char *rb_breaker_name(RbBreakerState state);
 extern RbGateReason rb_gate(const RbAdapt *adapt, const RbPolicy *policy,
