@@ -22,8 +22,10 @@
  *
  * Nothing is sent for a stripe's row (its endpoint's row carries what the
  * events watch), when ratebucket.events is off, or where the table is
- * distributed by Citus, whose two-phase commit refuses a transaction that
- * sent a NOTIFY (the storage layer does not call in then).
+ * distributed by Citus (the storage layer does not call in then): there a
+ * call runs on the coordinator or on the endpoint's worker, so an event
+ * would reach only that node's listeners, and a node's transaction that
+ * Citus prepares for a two-phase commit cannot have sent a NOTIFY.
  *
  *-------------------------------------------------------------------------
  */

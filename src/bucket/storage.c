@@ -829,7 +829,7 @@ rb_write(SPIPlanPtr *plan, const char *sql, Oid *argtypes, Datum first,
 
 /*
  * A row was written: its events (bucket/events.c), unless Citus distributed
- * the table (a NOTIFY would make its two-phase commit fail).
+ * the table (see there).
  */
 static void
 rb_written(text *key, const RbBucket *bucket)

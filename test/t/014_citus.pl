@@ -175,6 +175,43 @@ is($coord->safe_psql('postgres', q{
 	FROM ratebucket.buckets WHERE endpoint IN ('many:1', 'many:6')}),
 	'many:1=1 many:6=0', 'and the rows say so');
 
+# No events on a distributed table (doc/events.md): a listener on every node
+# hears nothing while breakers open and endpoints are paused on both workers,
+# by delegated calls and in one transaction over both.
+my @listeners = map {
+	my $node = $_;
+	my %l = (in => "LISTEN ratebucket_events;\n\\echo ready\n", out => '');
+	$l{h} = IPC::Run::start(
+		[ 'psql', '-X', '-A', '-t', '-h', $node->host, '-p', $node->port, '-d', 'postgres' ],
+		'<', \$l{in}, '>', \$l{out}, '2>', \$l{out});
+	$l{h}->pump until $l{out} =~ /^ready$/m;
+	\%l;
+} ($coord, @workers);
+$coord->safe_psql('postgres', q{
+SELECT ratebucket.bucket_configure('ev:' || i, 0.001, 5, breaker_failures => 1) FROM generate_series(1, 6) AS i});
+is($coord->safe_psql('postgres', qq{
+	SELECT count(DISTINCT n.nodeport) FROM generate_series(1, 6) AS i
+	JOIN pg_dist_placement p
+	  ON p.shardid = get_shard_id_for_distribution_column('ratebucket.buckets', 'ev:' || i)
+	JOIN pg_dist_node n USING (groupid)}), '2', 'ev:1 to ev:6 over both workers');
+$coord->safe_psql('postgres', qq{SELECT ratebucket.bucket_observe('ev:$_', 500)}) for 1 .. 6;
+$coord->safe_psql('postgres', q{BEGIN;
+	SELECT ratebucket.bucket_pause('ev:' || i) FROM generate_series(1, 6) AS i;
+	SELECT ratebucket.bucket_resume('ev:1'); SELECT ratebucket.bucket_observe('ev:2', 500);
+	COMMIT;});
+is($coord->safe_psql('postgres', q{
+	SELECT count(*) FILTER (WHERE breaker_opens = 1) || ' ' || count(paused_until)
+	FROM ratebucket.buckets WHERE endpoint LIKE 'ev:_'}), '6 5',
+	'breakers opened on the six endpoints, five of them paused');
+for my $l (@listeners)
+{
+	$l->{in} .= "SELECT 'listened';\n\\q\n";
+	$l->{h}->finish;
+}
+is_deeply([ map { scalar(() = $_->{out} =~ /Asynchronous notification/g) } @listeners ], [ 0, 0, 0 ],
+	'listeners on the coordinator and both workers heard no event');
+like($listeners[1]{out}, qr/listened/, 'and they were listening');
+
 # Templates: a reference table, read on the worker where a delegated take
 # meets an endpoint nobody configured; a change reaches it there.
 $coord->safe_psql('postgres', q{SELECT ratebucket.bucket_template('tpl:*', 0.001, 7)});
