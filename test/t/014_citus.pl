@@ -13,7 +13,8 @@
 #     distributed rows (they did not: the direct path read the empty
 #     distributed table's shell, and updates by ctid went to every shard);
 #   - bucket_take_all and bucket_take_batch over endpoints on both workers,
-#     all or nothing; templates configuring an endpoint on its worker, a
+#     all or nothing; no event sent (doc/events.md), heard by listeners on
+#     every node; templates configuring an endpoint on its worker, a
 #     change on the coordinator and a first use on a worker waiting for
 #     each other;
 #   - the status view over the workers (a striped endpoint's stripes live on
