@@ -25,6 +25,11 @@ SELECT pg_describe_object(d.classid, d.objid, 0) AS object
 FROM pg_depend d
 WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
   AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'ratebucket_queue')
+  -- not the row types of its tables and views, nor array types, which
+  -- PostgreSQL 18 records as members too
+  AND NOT EXISTS (SELECT FROM pg_type t LEFT JOIN pg_class c ON c.oid = t.typrelid
+                  WHERE d.classid = 'pg_type'::regclass AND t.oid = d.objid
+                    AND (c.relkind <> 'c' OR EXISTS (SELECT FROM pg_type e WHERE e.typarray = t.oid)))
 ORDER BY 1;
 -- Every table, view and function a user calls is described.
 SELECT c.relname AS undescribed FROM pg_class c

@@ -16,6 +16,9 @@
 
 #include "utils/builtins.h"
 #include "utils/float.h"
+#if PG_VERSION_NUM >= 160000
+#include "varatt.h"				/* in postgres.h before 18 */
+#endif
 
 #include "api/args.h"
 #include "bucket/calendar.h"

@@ -125,7 +125,13 @@ extern RbTakeResult rb_bucket_decide(RbBucket *bucket, double rate,
 extern void rb_bucket_count_grant(RbBucket *bucket, double granted,
 								  TimestampTz now);
 extern void rb_bucket_check_fits(double tokens, double capacity);
+/* PostgreSQL 18 marks a function that does not return with pg_noreturn,
+ * before the declaration, in place of pg_attribute_noreturn() after it. */
+#if PG_VERSION_NUM >= 180000
+pg_noreturn extern void rb_bucket_not_configured(text *endpoint, bool explicit);
+#else
 extern void rb_bucket_not_configured(text *endpoint, bool explicit) pg_attribute_noreturn();
+#endif
 
 /* What bucket_now reports of a row at a time. */
 typedef struct RbBucketNow
