@@ -428,6 +428,44 @@ rb_direct_replace_read(ItemPointer tid, HeapTuple newtup)
 		}
 }
 
+#ifdef USE_ASSERT_CHECKING
+/*
+ * Would heap_update find the row at *tid free to write (TM_Ok): the
+ * version read, held by no other transaction?  Looked at under a share lock
+ * of its buffer, as heap_update looks at it under an exclusive one.
+ */
+static bool
+rb_direct_untouched(ItemPointer tid)
+{
+	OffsetNumber off = ItemPointerGetOffsetNumber(tid);
+	TM_Result	res = TM_Invisible;
+	Buffer		buffer;
+	Page		page;
+
+	buffer = ReadBuffer(heap_rel, ItemPointerGetBlockNumber(tid));
+	LockBuffer(buffer, BUFFER_LOCK_SHARE);
+	page = BufferGetPage(buffer);
+	if (off >= FirstOffsetNumber && off <= PageGetMaxOffsetNumber(page))
+	{
+		ItemId		lp = PageGetItemId(page, off);
+
+		if (ItemIdIsNormal(lp))
+		{
+			HeapTupleData tuple;
+
+			tuple.t_data = (HeapTupleHeader) PageGetItem(page, lp);
+			tuple.t_len = ItemIdGetLength(lp);
+			tuple.t_tableOid = RelationGetRelid(heap_rel);
+			tuple.t_self = *tid;
+			res = HeapTupleSatisfiesUpdate(&tuple, GetCurrentCommandId(false),
+										   buffer);
+		}
+	}
+	UnlockReleaseBuffer(buffer);
+	return res == TM_Ok;
+}
+#endif
+
 /*
  * rb_direct_update
  *		Write the row read at *tid (by rb_direct_find) with new values for
@@ -449,6 +487,7 @@ rb_direct_update(ItemPointer tid, const Datum *values, const bool *nulls,
 	TM_Result	res;
 	LockTupleMode lockmode;
 	MemoryContext oldcxt;
+	bool		update_wait;
 	int			i;
 
 	Assert(heap_rel != NULL);
@@ -463,6 +502,22 @@ rb_direct_update(ItemPointer tid, const Datum *values, const bool *nulls,
 	if (peek_session)
 		elog(ERROR, "a bucket row cannot be written in a session opened to peek");
 
+	/*
+	 * heap_update without waiting returns TM_BeingModified for a row another
+	 * transaction holds, and the caller then locks it the usual way.  No
+	 * caller in PostgreSQL itself updates without waiting, and a server built
+	 * with assertions asserts that none meets a held row.  There, look first
+	 * and update only a row nobody holds, waiting in heap_update in the rare
+	 * case that one took it in between (production builds do not wait).
+	 */
+#ifdef USE_ASSERT_CHECKING
+	if (!wait && !rb_direct_untouched(tid))
+		return false;
+	update_wait = true;
+#else
+	update_wait = wait;
+#endif
+
 	oldcxt = MemoryContextSwitchTo(direct_cxt);
 	newtup = heap_modify_tuple_by_cols(oldtup, RelationGetDescr(heap_rel),
 									   shape_ncolumns, shape_attnums,
@@ -472,11 +527,11 @@ rb_direct_update(ItemPointer tid, const Datum *values, const bool *nulls,
 		TU_UpdateIndexes update_indexes;
 
 		res = heap_update(heap_rel, tid, newtup, GetCurrentCommandId(true),
-						  InvalidSnapshot, wait, &tmfd, &lockmode,
+						  InvalidSnapshot, update_wait, &tmfd, &lockmode,
 						  &update_indexes);
 #else
 		res = heap_update(heap_rel, tid, newtup, GetCurrentCommandId(true),
-						  InvalidSnapshot, wait, &tmfd, &lockmode);
+						  InvalidSnapshot, update_wait, &tmfd, &lockmode);
 #endif
 	}
 	if (res != TM_Ok)

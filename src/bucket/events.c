@@ -37,6 +37,9 @@
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/json.h"
+#if PG_VERSION_NUM >= 160000
+#include "varatt.h"				/* in postgres.h before 18 */
+#endif
 
 #include "bucket/events.h"
 #include "bucket/settings.h"
