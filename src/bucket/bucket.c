@@ -209,7 +209,7 @@ rb_bucket_decide(RbBucket *bucket, double rate, double capacity, double want,
 							   capacity, start, end, want, upto, now,
 							   write, granted);
 		if (*write)
-			rb_adapt_settle(&bucket->adapt, &policy, now);
+			rb_bucket_settle(bucket, now);
 		return result;
 	}
 
@@ -230,10 +230,30 @@ rb_bucket_decide(RbBucket *bucket, double rate, double capacity, double want,
 								rate, capacity, want, now, write);
 		*granted = result.allowed ? want : 0.0;
 	}
-	/* what time has ended is written with it (rb_adapt_settle) */
+	/* what time has ended is written with it */
 	if (*write)
-		rb_adapt_settle(&bucket->adapt, &policy, now);
+		rb_bucket_settle(bucket, now);
 	return result;
+}
+
+/*
+ * rb_bucket_settle
+ *		Before a row is written at "now": clear a pause that has ended and a
+ *		floor the rate has left (rb_adapt_settle), judged as bucket_status
+ *		judges them, against the bucket's ceiling whatever the rate of the
+ *		take that writes.  Changes no decision; what the events watch
+ *		(bucket/events.c) then says so.
+ */
+void
+rb_bucket_settle(RbBucket *bucket, TimestampTz now)
+{
+	RbPolicy	policy;
+
+	if (bucket->adapt.at_floor_since == RB_NO_TIME &&
+		bucket->adapt.paused_until == RB_NO_TIME)
+		return;					/* the usual row: nothing to settle */
+	rb_bucket_policy(bucket, rb_bucket_ceiling(bucket), &policy);
+	rb_adapt_settle(&bucket->adapt, &policy, now);
 }
 
 /* rb_bucket_count_grant: record a grant at "now" in the row's counters. */

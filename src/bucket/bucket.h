@@ -47,6 +47,7 @@ typedef struct RbEventState
 {
 	bool		valid;
 	bool		quota_spent;	/* a quota with less than one token left */
+	int64		refilled_at;	/* for a quota: in which window */
 	int64		open_until;		/* the breaker's (RB_NO_TIME: closed) */
 	int64		at_floor_since;
 	int64		paused_until;
@@ -122,6 +123,7 @@ extern RbTakeResult rb_bucket_decide(RbBucket *bucket, double rate,
 									 double capacity, double want, int64 upto,
 									 TimestampTz now, bool *write,
 									 double *granted);
+extern void rb_bucket_settle(RbBucket *bucket, TimestampTz now);
 extern void rb_bucket_count_grant(RbBucket *bucket, double granted,
 								  TimestampTz now);
 extern void rb_bucket_check_fits(double tokens, double capacity);

@@ -50,6 +50,7 @@ rb_event_state(const RbBucket *bucket, RbEventState *st)
 {
 	st->valid = true;
 	st->quota_spent = rb_is_quota(bucket) && !(bucket->state.tokens >= 1.0);
+	st->refilled_at = bucket->state.refilled_at;
 	st->open_until = bucket->adapt.open_until;
 	st->at_floor_since = bucket->adapt.at_floor_since;
 	st->paused_until = bucket->adapt.paused_until;
@@ -74,8 +75,10 @@ rb_json_time(StringInfo buf, const char *name, TimestampTz t)
 
 	appendStringInfo(buf, ",\"%s\":", name);
 	if (t == RB_NO_TIME || TIMESTAMP_NOT_FINITE(t) ||
-		timestamp2tm(t, NULL, &tm, &fsec, NULL, NULL) != 0)
+		timestamp2tm(t, NULL, &tm, &fsec, NULL, NULL) != 0 ||
+		tm.tm_year < 1 || tm.tm_year > 9999)
 	{
+		/* none, never, or a year ISO 8601's four digits cannot write */
 		appendStringInfoString(buf, "null");
 		return;
 	}
@@ -119,17 +122,20 @@ rb_event_send(StringInfo buf)
 	Async_Notify(RB_EVENTS_CHANNEL, buf->data);
 }
 
-/* A quota's events: spent (with when it resets), or given back. */
+/*
+ * A quota's events: spent (with when it resets), or given back, with "left"
+ * tokens left.
+ */
 static void
 rb_quota_event(StringInfo buf, text *key, const RbBucket *bucket,
-			   TimestampTz at, bool spent)
+			   TimestampTz at, bool spent, double left)
 {
 	rb_event_begin(buf, spent ? "quota_spent" : "quota_reset", key, at);
 	if (rb_is_quota(bucket))
 	{
 		appendStringInfo(buf, ",\"period\":\"%s\"", bucket->quota_period);
 		rb_json_number(buf, "quota", bucket->conf_capacity);
-		rb_json_number(buf, "left", bucket->state.tokens);
+		rb_json_number(buf, "left", left);
 		if (spent)
 		{
 			TimestampTz start;
@@ -145,6 +151,84 @@ rb_quota_event(StringInfo buf, text *key, const RbBucket *bucket,
 	rb_event_send(buf);
 }
 
+/* Was a quota row spent in one window and written, spent, in a later one? */
+static bool
+rb_quota_new_window(const RbBucket *bucket, const RbEventState *before,
+					const RbEventState *after)
+{
+	TimestampTz start_before;
+	TimestampTz start_after;
+	TimestampTz end;
+
+	if (!before->quota_spent || before->refilled_at == after->refilled_at ||
+		before->refilled_at == RB_NO_TIME)
+		return false;
+	rb_bucket_quota_window(bucket, before->refilled_at, &start_before, &end);
+	rb_bucket_quota_window(bucket, after->refilled_at, &start_after, &end);
+	return start_after > start_before;
+}
+
+/*
+ * The breaker's events: a new open period (a trip, or a probe that failed),
+ * or closed.
+ */
+static void
+rb_breaker_event(StringInfo buf, text *key, const RbBucket *bucket,
+				 TimestampTz at, int64 open_until)
+{
+	rb_event_begin(buf, open_until == RB_NO_TIME ?
+				   "breaker_closed" : "breaker_opened", key, at);
+	if (open_until != RB_NO_TIME)
+	{
+		rb_json_time(buf, "until", open_until);
+		appendStringInfo(buf, ",\"trips\":%d", bucket->adapt.breaker_trips);
+	}
+	rb_event_send(buf);
+}
+
+/*
+ * The floor's events: left, reached, or both when it was reached anew (it
+ * had left its floor, which the write that would have said so settled just
+ * now, rb_bucket_settle).
+ */
+static void
+rb_floor_event(StringInfo buf, text *key, const RbBucket *bucket,
+			   TimestampTz at, int64 since_before, int64 since)
+{
+	RbPolicy	policy;
+	double		ceiling;
+
+	if (since_before != RB_NO_TIME && since != RB_NO_TIME)
+	{
+		rb_event_begin(buf, "floor_left", key, at);
+		rb_event_send(buf);
+	}
+	rb_event_begin(buf, since == RB_NO_TIME ? "floor_left" : "floor_reached",
+				   key, at);
+	if (since != RB_NO_TIME)
+	{
+		ceiling = rb_bucket_ceiling(bucket);
+		rb_bucket_policy(bucket, ceiling, &policy);
+		rb_json_time(buf, "since", since);
+		/* the configured floor as given, not through its factor */
+		rb_json_number(buf, "floor_rate", isnan(bucket->conf_floor_rate) ?
+					   ceiling * policy.floor_factor :
+					   Min(bucket->conf_floor_rate, ceiling));
+	}
+	rb_event_send(buf);
+}
+
+/* The pause's events: paused (again, when it changes), or resumed. */
+static void
+rb_pause_event(StringInfo buf, text *key, TimestampTz at, int64 paused_until)
+{
+	rb_event_begin(buf, paused_until == RB_NO_TIME ? "resumed" : "paused",
+				   key, at);
+	if (paused_until != RB_NO_TIME)
+		rb_json_time(buf, "until", paused_until);
+	rb_event_send(buf);
+}
+
 /*
  * rb_events_written
  *		The row of "key" was just written as *bucket: send an event for
@@ -155,7 +239,8 @@ rb_quota_event(StringInfo buf, text *key, const RbBucket *bucket,
 void
 rb_events_written(text *key, const RbBucket *bucket)
 {
-	RbEventState before;
+	RbEventState before = {false, false, RB_NO_TIME, RB_NO_TIME, RB_NO_TIME,
+	RB_NO_TIME};
 	RbEventState after;
 	StringInfoData buf;
 	TimestampTz at;
@@ -167,68 +252,31 @@ rb_events_written(text *key, const RbBucket *bucket)
 		return;
 	if (bucket->as_read.valid)
 		before = bucket->as_read;
-	else
-	{
-		before.quota_spent = false;
-		before.open_until = RB_NO_TIME;
-		before.at_floor_since = RB_NO_TIME;
-		before.paused_until = RB_NO_TIME;
-	}
 	rb_event_state(bucket, &after);
 	if (before.open_until == after.open_until &&
 		before.at_floor_since == after.at_floor_since &&
 		before.paused_until == after.paused_until &&
-		before.quota_spent == after.quota_spent)
+		before.quota_spent == after.quota_spent &&
+		!(after.quota_spent && before.refilled_at != after.refilled_at))
 		return;					/* the usual write */
 
 	at = GetCurrentTimestamp();
 	initStringInfo(&buf);
 	if (before.open_until != after.open_until)
-	{
-		/* a new open period: a trip, or a probe that failed */
-		rb_event_begin(&buf, after.open_until == RB_NO_TIME ?
-					   "breaker_closed" : "breaker_opened", key, at);
-		if (after.open_until != RB_NO_TIME)
-		{
-			rb_json_time(&buf, "until", after.open_until);
-			appendStringInfo(&buf, ",\"trips\":%d", bucket->adapt.breaker_trips);
-		}
-		rb_event_send(&buf);
-	}
+		rb_breaker_event(&buf, key, bucket, at, after.open_until);
 	if (before.at_floor_since != after.at_floor_since)
-	{
-		/*
-		 * Reached anew: it had left its floor (the write that would have
-		 * said so settled it just now, rb_adapt_settle), so say both.
-		 */
-		if (before.at_floor_since != RB_NO_TIME &&
-			after.at_floor_since != RB_NO_TIME)
-		{
-			rb_event_begin(&buf, "floor_left", key, at);
-			rb_event_send(&buf);
-		}
-		rb_event_begin(&buf, after.at_floor_since == RB_NO_TIME ?
-					   "floor_left" : "floor_reached", key, at);
-		if (after.at_floor_since != RB_NO_TIME)
-		{
-			RbPolicy	policy;
-			double		ceiling = rb_bucket_ceiling(bucket);
-
-			rb_bucket_policy(bucket, ceiling, &policy);
-			rb_json_time(&buf, "since", after.at_floor_since);
-			rb_json_number(&buf, "floor_rate", ceiling * policy.floor_factor);
-		}
-		rb_event_send(&buf);
-	}
+		rb_floor_event(&buf, key, bucket, at, before.at_floor_since,
+					   after.at_floor_since);
 	if (before.paused_until != after.paused_until)
-	{
-		rb_event_begin(&buf, after.paused_until == RB_NO_TIME ?
-					   "resumed" : "paused", key, at);
-		if (after.paused_until != RB_NO_TIME)
-			rb_json_time(&buf, "until", after.paused_until);
-		rb_event_send(&buf);
-	}
+		rb_pause_event(&buf, key, at, after.paused_until);
 	if (before.quota_spent != after.quota_spent)
-		rb_quota_event(&buf, key, bucket, at, after.quota_spent);
+		rb_quota_event(&buf, key, bucket, at, after.quota_spent,
+					   bucket->state.tokens);
+	else if (after.quota_spent && rb_quota_new_window(bucket, &before, &after))
+	{
+		/* spent again, whole, by the first take of a new window */
+		rb_quota_event(&buf, key, bucket, at, false, bucket->conf_capacity);
+		rb_quota_event(&buf, key, bucket, at, true, bucket->state.tokens);
+	}
 	pfree(buf.data);
 }

@@ -33,7 +33,7 @@ RbSettings	rb_settings = {
 	.breaker_max_open_ms = 600 * 1000,
 };
 bool		rb_direct_access = true;
-bool		rb_events = true;
+bool		rb_events = false;
 
 /* rb_settings_init: define the settings and reserve the prefix. */
 void
@@ -97,8 +97,8 @@ rb_settings_init(void)
 
 	DefineCustomBoolVariable("ratebucket.events",
 							 "Send a NOTIFY on ratebucket_events when a breaker opens or closes, an endpoint reaches or leaves its floor, a quota is spent or reset, an endpoint is paused or resumed.",
-							 "Off for transactions that must be able to PREPARE TRANSACTION: PostgreSQL refuses to prepare one that sent a NOTIFY.",
-							 &rb_events, true,
+							 "Every role that can connect may LISTEN, and hears every endpoint's events. PostgreSQL refuses to PREPARE TRANSACTION after a NOTIFY.",
+							 &rb_events, false,
 							 PGC_SUSET, 0, NULL, NULL, NULL);
 
 #if PG_VERSION_NUM >= 150000

@@ -62,7 +62,7 @@ rb_engine_observe(text *endpoint, const RbResponse *response,
 	observed.is_quota = rb_is_quota(&bucket);
 	observed.holds_tokens = !rb_is_stripe_parent(&bucket);
 	rb_bucket_policy(&bucket, observed.ceiling, &policy);
-	rb_adapt_settle(&bucket.adapt, &policy, now);
+	rb_bucket_settle(&bucket, now);
 	rb_feedback_observe(&bucket.state, &bucket.adapt, &bucket.feedback,
 						&policy, &observed, response,
 						now, rb_unix_seconds(now), out);

@@ -67,7 +67,10 @@ max_connections = 100
 max_prepared_transactions = 100
 citus.shard_count = 8
 wal_level = logical
+ratebucket.events = on
 };
+# (ratebucket.events on: none may be sent all the same, where the table is
+# distributed)
 my @nodes = map { new_node($_, conf => $conf) } qw(coordinator worker1 worker2);
 # A node that connects to itself (a shard move, the recovery of two-phase
 # commits) does so over the socket the tests use.

@@ -1,8 +1,8 @@
 # 016_events.pl — the events ratebucket sends, heard by a listening
 # connection.
 #
-# A psql session LISTENs on ratebucket_events while other sessions change
-# buckets: each change (breaker opened, reopened and closed; floor reached and
+# With ratebucket.events on, a psql session LISTENs on ratebucket_events
+# while other sessions change buckets: each change (breaker opened, reopened and closed; floor reached and
 # left; paused, resumed, and a pause that ended; quota spent and reset) comes
 # as exactly one notification, with the payload doc/events.md describes and
 # the values the bucket holds.  A change that rolls back, or whose savepoint
@@ -24,7 +24,7 @@ use Time::HiRes;
 use lib 'test/perl';
 use RatebucketTest;
 
-my $node = start_node('events');
+my $node = start_node('events', conf => "ratebucket.events = on\n");
 
 # A psql session kept open: run() sends statements and returns what psql
 # printed for them, notifications included (psql prints those after each
@@ -144,6 +144,10 @@ my ($since) = sql(q{SELECT extract(epoch FROM at_floor_since) FROM ratebucket.bu
 ok(abs(epoch($e[0]{since}) - $since) < 0.000002, 'since is bucket_status.at_floor_since');
 sql(q{SELECT ratebucket.bucket_observe('f', 429, '1')});
 is(scalar(heard()), 0, 'another 429 in its cooldown: no event');
+sql(q{SELECT allowed FROM ratebucket.bucket_take('f', 1, 5, 0.5)});
+is(scalar(heard()), 0, 'a take with lower limits of its own, at the floor: no event');
+is(sql(q{SELECT at_floor_since IS NOT NULL FROM ratebucket.bucket_status WHERE endpoint = 'f'}), 't',
+	'and f is still at its floor (the take judged the floor by its own rate)');
 # after the 1 s cooldown the rate returns within return_time (the setting
 # of the session whose take decides); the next take that writes says so
 sql(q{SET ratebucket.return_time = 100; SELECT pg_sleep(1.3);
@@ -201,6 +205,23 @@ sql(q{SELECT ratebucket.bucket_reset('q')});
 @e = heard();
 is_deeply([ map { "$_->{event} $_->{left}" } @e ], ['quota_reset 3'], 'reset: quota_reset, all of it left');
 
+# a new window: its first take gives the quota back and, taking it all,
+# spends it again (the row's window moved back two hours stands for the
+# boundary)
+sql(q{SELECT ratebucket.bucket_configure_quota('q1', 1, 'hour', 'UTC');
+      SELECT allowed FROM ratebucket.bucket_take('q1')});
+is_deeply([ map { $_->{event} } heard() ], ['quota_spent'], 'q1, one an hour: spent');
+sql(q{UPDATE ratebucket.buckets SET refilled_at = refilled_at - interval '2 hours' WHERE endpoint = 'q1'});
+is(sql(q{SELECT allowed FROM ratebucket.bucket_take('q1')}), 't', 'the next window grants it again');
+@e = heard();
+is_deeply([ map { "$_->{event} $_->{left}" } @e ], [ 'quota_reset 1', 'quota_spent 0' ],
+	'quota_reset (all of it left), then quota_spent');
+sql(q{SELECT ratebucket.bucket_configure('q1', 10, 10)});
+@e = heard();
+is_deeply([ map { $_->{event} } @e ], ['quota_reset'], 'q1 made a rate bucket: quota_reset');
+ok(exists $e[0]{quota} && !defined $e[0]{quota} && !defined $e[0]{period} && !defined $e[0]{left},
+	'with period, quota and left null');
+
 # a claim's batch spends a quota as a take does
 sql(q{SELECT ratebucket.bucket_configure_quota('qb', 5, 'hour', 'UTC');
       SELECT ratebucket.bucket_configure('qb:rate', 100, 100)});
@@ -221,6 +242,18 @@ is_deeply([ map { "$_->{event} $_->{endpoint}" } @e ], ['paused s'],
 
 sql(q{SET ratebucket.events = off; SELECT ratebucket.bucket_resume('s')});
 is(scalar(heard()), 0, 'ratebucket.events off: nothing');
+is(sql(q{SELECT paused FROM ratebucket.bucket_status WHERE endpoint = 's'}), 'f', 'though s was resumed');
+
+# bucket_reset: everything it forgets
+sql(q{SELECT ratebucket.bucket_configure('r', 10, 10, floor_rate => 9, breaker_failures => 1);
+      SELECT ratebucket.bucket_pause('r');
+      SELECT ratebucket.bucket_observe('r', 429, '60');
+      SELECT ratebucket.bucket_observe('r', 500)});
+is_deeply([ sort map { $_->{event} } heard() ], [qw(breaker_opened floor_reached paused)],
+	'r paused, at its floor, its breaker open');
+sql(q{SELECT ratebucket.bucket_reset('r')});
+is_deeply([ map { $_->{event} } heard() ], [qw(breaker_closed floor_left resumed)],
+	'bucket_reset: breaker_closed, floor_left, resumed');
 sql(q{CREATE ROLE worker LOGIN; GRANT USAGE ON SCHEMA ratebucket TO worker});
 # (the library loaded first: a placeholder set before it is dropped at load)
 my ($rc, $out, $err) = $node->psql('postgres',
