@@ -2,10 +2,11 @@
 # connection.
 #
 # With ratebucket.events on, a psql session LISTENs on ratebucket_events
-# while other sessions change buckets: each change (breaker opened, reopened and closed; floor reached and
-# left; paused, resumed, and a pause that ended; quota spent and reset) comes
-# as exactly one notification, with the payload doc/events.md describes and
-# the values the bucket holds.  A change that rolls back, or whose savepoint
+# while other sessions change buckets: each change (breaker opened, reopened
+# and closed; floor reached and left; paused, resumed, and a pause that
+# ended; quota spent, reset, and spent again in a new window) comes as
+# exactly one notification, with the payload doc/events.md describes and the
+# values the bucket holds.  A change that rolls back, or whose savepoint
 # does, sends nothing; one in a transaction still open is heard only at its
 # commit; nothing is sent for a stripe, or with ratebucket.events off, which
 # only a superuser may set.  Then under 8 clients at once: one breaker, one
