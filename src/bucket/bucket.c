@@ -208,27 +208,27 @@ rb_bucket_decide(RbBucket *bucket, double rate, double capacity, double want,
 		result = rb_quota_take(&bucket->state, &bucket->adapt, &policy,
 							   capacity, start, end, want, upto, now,
 							   write, granted);
-		if (*write)
-			rb_bucket_settle(bucket, now);
-		return result;
-	}
-
-	rb_bucket_policy(bucket, rate, &policy);
-	if (upto > 0)
-	{
-		int64		n;
-
-		result = rb_decide_take_upto(&bucket->state, &bucket->adapt, &policy,
-									 bucket->rate, bucket->capacity,
-									 rate, capacity, upto, now, write, &n);
-		*granted = (double) n;
 	}
 	else
 	{
-		result = rb_decide_take(&bucket->state, &bucket->adapt, &policy,
-								bucket->rate, bucket->capacity,
-								rate, capacity, want, now, write);
-		*granted = result.allowed ? want : 0.0;
+		rb_bucket_policy(bucket, rate, &policy);
+		if (upto > 0)
+		{
+			int64		n;
+
+			result = rb_decide_take_upto(&bucket->state, &bucket->adapt,
+										 &policy, bucket->rate,
+										 bucket->capacity, rate, capacity,
+										 upto, now, write, &n);
+			*granted = (double) n;
+		}
+		else
+		{
+			result = rb_decide_take(&bucket->state, &bucket->adapt, &policy,
+									bucket->rate, bucket->capacity,
+									rate, capacity, want, now, write);
+			*granted = result.allowed ? want : 0.0;
+		}
 	}
 	/* what time has ended is written with it */
 	if (*write)
