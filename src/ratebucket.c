@@ -3,8 +3,9 @@
  * ratebucket.c
  *	  Module entry point: PG_MODULE_MAGIC and a thin _PG_init.
  *
- * ratebucket needs no shared memory and no background worker, so it does
- * not need shared_preload_libraries: the library loads on the first call.
+ * ratebucket needs no shared_preload_libraries: the library loads on the
+ * first call.  Preloaded, it also has token reserves in shared memory for
+ * the endpoints given one (bucket/reserve.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -12,6 +13,7 @@
 
 #include "fmgr.h"
 
+#include "bucket/reserve.h"
 #include "bucket/settings.h"
 #include "bucket/storage.h"
 
@@ -28,4 +30,5 @@ _PG_init(void)
 {
 	rb_settings_init();
 	rb_storage_init();
+	rb_reserve_init();
 }

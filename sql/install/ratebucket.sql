@@ -79,8 +79,10 @@ CREATE TABLE ratebucket.buckets (
 	burst_factor	float8,
 	limit_factor	float8,
 	limit_burst_factor float8,
-	-- The template that configured the endpoint came with 1.6, last.
+	-- The template that configured the endpoint came with 1.6.
 	template		text,
+	-- The token reserve's batch came with 1.8, last.
+	reserve			int,
 	CONSTRAINT buckets_pkey PRIMARY KEY (endpoint)
 	-- No CHECK constraints, on purpose: the executor re-reads every CHECK
 	-- expression from its stored text at the start of each statement, and
@@ -171,6 +173,8 @@ COMMENT ON COLUMN ratebucket.buckets.quota_time_zone IS
 'For a calendar quota: the time zone whose calendar its windows follow; NULL for a rate bucket.';
 COMMENT ON COLUMN ratebucket.buckets.template IS
 'The pattern of the template (bucket_template) that configured the endpoint, which it follows; NULL when configured by bucket_configure, or not configured.';
+COMMENT ON COLUMN ratebucket.buckets.reserve IS
+'Tokens a refill of the endpoint''s reserve in shared memory moves at most (bucket_reserve); NULL when it has none.';
 
 --
 -- In-flight caps: at most cap deliveries in flight per key (an account, say).
@@ -1224,6 +1228,41 @@ COMMENT ON COLUMN ratebucket.endpoint_limits.until IS
 'When held_by lets go: the end of the pause (NULL: until bucket_resume), of the open breaker, of the cooldown, the quota''s reset, the next token; NULL for a full cap (a slot frees when a delivery is recorded or its lease ends).';
 COMMENT ON COLUMN ratebucket.endpoint_limits.cap IS
 'The in-flight cap whose key is the endpoint (inflight_configure), if there is one.';
+
+--
+-- Token reserves in shared memory (hot endpoints; the library preloaded)
+--
+
+CREATE FUNCTION ratebucket.bucket_reserve(
+	endpoint text,
+	batch int)
+RETURNS int
+AS 'MODULE_PATHNAME', 'ratebucket_reserve'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION ratebucket.bucket_reserve(text, int) IS
+'Give a configured endpoint a token reserve in shared memory: takes draw from it without writing the row, and the take that finds it empty moves up to batch tokens into it from the row. NULL takes the reserve away. Needs ratebucket in shared_preload_libraries. Returns the batch it had (NULL if none).';
+
+CREATE FUNCTION ratebucket.bucket_reserves(
+	OUT endpoint text,
+	OUT tokens float8,
+	OUT pending float8,
+	OUT drawn float8,
+	OUT batch int,
+	OUT rate float8,
+	OUT capacity float8,
+	OUT draws bigint,
+	OUT tokens_drawn float8,
+	OUT refills bigint,
+	OUT drains bigint,
+	OUT created_at timestamptz,
+	OUT last_refill_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'ratebucket_reserves'
+LANGUAGE C VOLATILE PARALLEL RESTRICTED ROWS 10;
+
+COMMENT ON FUNCTION ratebucket.bucket_reserves() IS
+'The token reserves of this database''s endpoints now: tokens ready to draw, pending (moved by refills not yet committed), drawn (by takes not yet committed), the batch and limits they were filled under, committed draws and refills since the reserve was made, and how often feedback or a change emptied it.';
 
 --
 -- Grants

@@ -35,6 +35,7 @@ rb_new_bucket(RbBucket *bucket, double rate, double capacity, TimestampTz now)
 	rb_start(&bucket->state, &bucket->adapt, capacity, now);
 	bucket->conf_rate = get_float8_nan();
 	bucket->conf_capacity = get_float8_nan();
+	bucket->reserve_batch = -1;
 	bucket->conf_floor_rate = get_float8_nan();
 	bucket->conf_throttle_factor = get_float8_nan();
 	bucket->conf_recovery_factor = get_float8_nan();
@@ -115,6 +116,36 @@ rb_bucket_bank(RbBucket *bucket, TimestampTz now)
 			   rb_capacity_now(&bucket->adapt, &policy, bucket->capacity, 0.0,
 							   now),
 			   now);
+}
+
+/*
+ * rb_bucket_capacity_now
+ *		The capacity the row's limits (and its feedback) hold at "now".
+ */
+double
+rb_bucket_capacity_now(const RbBucket *bucket, TimestampTz now)
+{
+	RbPolicy	policy;
+
+	rb_bucket_policy(bucket, bucket->rate, &policy);
+	return rb_capacity_now(&bucket->adapt, &policy, bucket->capacity, 0.0, now);
+}
+
+/*
+ * rb_bucket_hold_out
+ *		"held" of the bucket's tokens are kept outside its row (a reserve,
+ *		bucket/reserve.c): bank the row up to "now", then cap its tokens so
+ *		that row and reserve together hold no more than the capacity.
+ */
+void
+rb_bucket_hold_out(RbBucket *bucket, double held, TimestampTz now)
+{
+	double		room;
+
+	rb_bucket_bank(bucket, now);
+	room = Max(0.0, rb_bucket_capacity_now(bucket, now) - held);
+	if (bucket->state.tokens > room)
+		bucket->state.tokens = room;
 }
 
 /*

@@ -54,6 +54,21 @@ typedef struct RbEventState
 } RbEventState;
 
 /*
+ * The endpoint's token reserve as a read of its row found it (reserve.c):
+ * found is false if it has none.  saved_* are the draws a refill counts
+ * into the row.
+ */
+typedef struct RbReserveRef
+{
+	bool		found;
+	int			slot;
+	uint64		incarnation;
+	uint64		generation;
+	int64		saved_takes;
+	double		saved_tokens;
+} RbReserveRef;
+
+/*
  * One bucket row.  A NULL column reads as NaN (for float8), -1 (for int4),
  * RB_NO_TIME (for timestamptz) or "" (for text), and is written back as
  * NULL.
@@ -85,6 +100,10 @@ typedef struct RbBucket
 	char		quota_time_zone[RB_TEXT_LEN];
 	/* the template that configured it (bucket_template); "" if none */
 	char		template_name[RB_TEXT_LEN];
+	/* tokens a refill of its reserve moves (bucket_reserve); -1: none */
+	int32		reserve_batch;
+	/* not a column: its reserve, as storage read it */
+	RbReserveRef reserve;
 	/* not a column: what the events watch, as storage read it */
 	RbEventState as_read;
 } RbBucket;
@@ -106,6 +125,7 @@ typedef struct RbConfig
 #define rb_is_configured(bucket) (!isnan((bucket)->conf_rate))
 #define rb_is_quota(bucket) ((bucket)->quota_period[0] != '\0')
 #define rb_follows_template(bucket) ((bucket)->template_name[0] != '\0')
+#define rb_has_reserve(bucket) ((bucket)->reserve_batch > 0)
 
 extern void rb_new_bucket(RbBucket *bucket, double rate, double capacity,
 						  TimestampTz now);
@@ -115,6 +135,8 @@ extern double rb_bucket_ceiling(const RbBucket *bucket);
 extern void rb_bucket_policy(const RbBucket *bucket, double ceiling,
 							 RbPolicy *policy);
 extern void rb_bucket_bank(RbBucket *bucket, TimestampTz now);
+extern double rb_bucket_capacity_now(const RbBucket *bucket, TimestampTz now);
+extern void rb_bucket_hold_out(RbBucket *bucket, double held, TimestampTz now);
 extern void rb_bucket_quota_window(const RbBucket *bucket, TimestampTz at,
 								   TimestampTz *start, TimestampTz *end);
 extern bool rb_bucket_limits(const RbBucket *bucket, bool use_config,

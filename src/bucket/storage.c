@@ -45,6 +45,7 @@
 
 #include "bucket/direct.h"
 #include "bucket/events.h"
+#include "bucket/reserve.h"
 #include "bucket/storage.h"
 
 #define RB_SCHEMA	"ratebucket"
@@ -128,6 +129,8 @@ static const RbColumn rb_columns[] = {
 	COL_OPT("limit_burst_factor", RB_F8N, adapt.limit_burst_factor),
 	/* 1.6: the template that configured it */
 	COL_OPT("template", RB_TXTN, template_name),
+	/* 1.8: a token reserve in shared memory */
+	COL_OPT("reserve", RB_I4N, reserve_batch),
 };
 
 #define RB_NCOLUMNS ((int) lengthof(rb_columns))
@@ -629,6 +632,7 @@ rb_find_direct(text *endpoint, RbDirectMode mode, RbBucket *bucket)
 		bucket->key = endpoint;
 		for (i = 0; i < RB_NCOLUMNS; i++)
 			rb_read_value(&rb_columns[i], values[i], nulls[i], bucket);
+		rb_reserve_read(bucket, table_relid);
 		rb_events_read(bucket);
 	}
 	return found;
@@ -668,6 +672,8 @@ rb_select(SPIPlanPtr *plan, const char *sql, text *endpoint, RbBucket *bucket)
 		else
 			rb_null_column(&rb_columns[i], bucket);
 	}
+	if (!table_distributed)
+		rb_reserve_read(bucket, table_relid);
 	rb_events_read(bucket);
 	return true;
 }
@@ -828,14 +834,38 @@ rb_write(SPIPlanPtr *plan, const char *sql, Oid *argtypes, Datum first,
 }
 
 /*
- * A row was written: its events (bucket/events.c), unless Citus distributed
- * the table (see there).
+ * A row was written: its events (bucket/events.c) and its reserve
+ * (bucket/reserve.c), unless Citus distributed the table (see there; an
+ * endpoint of a distributed table has no reserve).
  */
 static void
 rb_written(text *key, const RbBucket *bucket)
 {
 	if (!table_distributed && key != NULL)
+	{
 		rb_events_written(key, bucket);
+		rb_reserve_written(bucket);
+	}
+}
+
+/*
+ * rb_storage_relid
+ *		The table of this storage session (within rb_storage_begin/end).
+ */
+Oid
+rb_storage_relid(void)
+{
+	return table_relid;
+}
+
+/*
+ * rb_storage_distributed
+ *		Is this storage session's table distributed by Citus?
+ */
+bool
+rb_storage_distributed(void)
+{
+	return table_distributed;
 }
 
 /*
@@ -968,5 +998,7 @@ rb_storage_delete(text *endpoint)
 						  values, NULL, false, 0);
 	if (rc != SPI_OK_DELETE)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	if (SPI_processed > 0)
+		rb_reserve_forget(endpoint, table_relid);
 	return SPI_processed > 0;
 }

@@ -254,6 +254,12 @@ rb_stripe_lock_parent(text *endpoint, int stripes, RbBucket *parent)
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("endpoint \"%s\" is a calendar quota", text_to_cstring(endpoint)),
 				 errdetail("A calendar quota is one row: its window's tokens cannot be split.")));
+	if (rb_has_reserve(parent) && stripes > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("endpoint \"%s\" has a token reserve", text_to_cstring(endpoint)),
+				 errhint("A reserve serves a hot endpoint without stripes: take it away with ratebucket.bucket_reserve('%s', NULL) first.",
+						 text_to_cstring(endpoint))));
 	if (parent->conf_capacity / stripes < 1.0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

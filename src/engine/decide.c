@@ -16,6 +16,7 @@
  */
 #include "postgres.h"
 
+#include "bucket/reserve.h"
 #include "bucket/storage.h"
 #include "engine/decide.h"
 
@@ -103,6 +104,7 @@ rb_take_peeked(RbBucket *bucket, const RbTakeRequest *req,
 	bool		write;
 	double		rate;
 	double		capacity;
+	double		moved = 0.0;
 
 	now = GetCurrentTimestamp();
 	if (!rb_decide_request(bucket, req, now, result, &write, granted,
@@ -116,8 +118,32 @@ rb_take_peeked(RbBucket *bucket, const RbTakeRequest *req,
 	bucket->rate = rate;
 	bucket->capacity = capacity;
 	if (result->allowed)
+	{
 		rb_bucket_count_grant(bucket, *granted, now);
-	return rb_storage_update_unchanged(bucket);
+		moved = rb_reserve_cut(bucket, now);
+	}
+	if (!rb_storage_update_unchanged(bucket))
+		return false;
+	rb_take_refilled(bucket, req, moved, result, now);
+	return true;
+}
+
+/*
+ * rb_take_refilled
+ *		The row of a take was written, granted with "moved" tokens cut from
+ *		it for its reserve (rb_reserve_cut, maybe none): hand them over, and
+ *		report what the row has left.
+ */
+void
+rb_take_refilled(RbBucket *bucket, const RbTakeRequest *req, double moved,
+				 RbTakeResult *result, TimestampTz now)
+{
+	if (!result->allowed || !rb_has_reserve(bucket))
+		return;
+	rb_reserve_hand(bucket, rb_storage_relid(), moved, req->use_config,
+					req->rate, req->capacity, now);
+	if (moved > 0.0)
+		result->remaining = bucket->state.tokens;
 }
 
 /*
@@ -161,11 +187,17 @@ rb_take_write(RbBucket *bucket, const RbTakeRequest *req, double rate,
 							   now, &write, granted);
 	if (write)
 	{
+		double		moved = 0.0;
+
 		bucket->rate = rate;
 		bucket->capacity = capacity;
 		if (result->allowed)
+		{
 			rb_bucket_count_grant(bucket, *granted, now);
+			moved = rb_reserve_cut(bucket, now);
+		}
 		rb_storage_update(bucket);
+		rb_take_refilled(bucket, req, moved, result, now);
 	}
 }
 

@@ -25,6 +25,9 @@ extern void rb_take_locked(RbBucket *bucket, text *endpoint,
 extern void rb_take_write(RbBucket *bucket, const RbTakeRequest *req,
 						  double rate, double capacity, RbTakeResult *result,
 						  double *granted);
+extern void rb_take_refilled(RbBucket *bucket, const RbTakeRequest *req,
+							 double moved, RbTakeResult *result,
+							 TimestampTz now);
 extern RbTakeResult rb_take_upto_held(RbBucket *bucket, text *endpoint,
 									  int64 upto, TimestampTz now,
 									  int64 *granted);

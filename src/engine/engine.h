@@ -14,6 +14,7 @@
  *	  batch.c		a claim's batch of requests over shared buckets and caps
  *	  observe.c		what a destination answered, applied to its bucket
  *	  admin.c		configure, quotas, reset, drop, pause, resume, stripe
+ *	  reserve.c		token reserves given, taken away and listed
  *	  template.c	endpoints configured by templates, at their first use
  *
  * Every entry point opens and ends its own storage session (one door to
@@ -29,6 +30,7 @@
 #include "pgtime.h"
 
 #include "bucket/bucket.h"
+#include "bucket/reserve.h"
 #include "bucket/template.h"
 #include "core/feedback.h"
 #include "core/quota.h"
@@ -127,6 +129,10 @@ extern bool rb_engine_reset(text *endpoint);
 extern bool rb_engine_drop(text *endpoint);
 extern bool rb_engine_pause(text *endpoint, TimestampTz until);
 extern int	rb_engine_stripe(text *endpoint, int stripes);
+
+/* reserve.c */
+extern int32 rb_engine_reserve(text *endpoint, int32 batch);
+extern int	rb_engine_reserves(RbReserveInfo **infos);
 
 /* template.c */
 extern bool rb_lock_configured(text *endpoint, RbBucket *bucket);

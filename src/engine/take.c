@@ -5,6 +5,10 @@
  *	  forms, and the striped endpoints' takes of a batch.
  *
  * The ways a take goes, cheapest first:
+ *	  0. an endpoint with a token reserve this backend knows of: drawn from
+ *		 the reserve in shared memory, without touching the row
+ *		 (bucket/reserve.c); the take that finds it empty goes on below,
+ *		 and refills it with its write (decide.c, rb_reserve_cut);
  *	  1. an endpoint this backend knows to be striped: straight to its
  *		 stripes (striped.c);
  *	  2. optimistically: the row read without a lock, decided, and written
@@ -21,6 +25,7 @@
  */
 #include "postgres.h"
 
+#include "bucket/reserve.h"
 #include "bucket/storage.h"
 #include "bucket/stripe.h"
 #include "engine/decide.h"
@@ -45,6 +50,9 @@ rb_take_cached_stripes(text *endpoint, const RbTakeRequest *req,
 	return false;
 }
 
+static bool rb_take_reserved(text *endpoint, const RbTakeRequest *req,
+							 RbTakeResult *result, double *granted);
+
 /*
  * The optimistic take (rb_take_peeked) of the endpoint's row, or of its
  * stripes if the row says it is striped.  False, having written nothing,
@@ -58,12 +66,33 @@ rb_take_optimistic(text *endpoint, const RbTakeRequest *req,
 
 	if (!rb_storage_peek(endpoint, &bucket))
 		return false;
+	/* a reserve this backend had not met: the read found it */
+	if (bucket.reserve.found &&
+		rb_take_reserved(endpoint, req, result, granted))
+		return true;
 	if (rb_is_stripe_parent(&bucket))
 	{
 		*result = rb_take_striped_now(endpoint, req, granted);
 		return true;
 	}
 	return rb_take_peeked(&bucket, req, result, granted);
+}
+
+/* A take from the endpoint's reserve (see the file header, 0). */
+static bool
+rb_take_reserved(text *endpoint, const RbTakeRequest *req,
+				 RbTakeResult *result, double *granted)
+{
+	double		remaining;
+
+	if (!rb_reserve_draw(endpoint, rb_storage_relid(), req->use_config,
+						 req->rate, req->capacity, req->want, req->upto,
+						 granted, &remaining))
+		return false;
+	result->allowed = true;
+	result->remaining = remaining;
+	result->wait_seconds = 0.0;
+	return true;
 }
 
 /* A refusal that does not wait: the row is held by another transaction. */
@@ -168,7 +197,8 @@ rb_engine_take(text *endpoint, const RbTakeRequest *req, double *granted)
 	RbTakeResult result;
 
 	rb_storage_begin(&session);
-	if (!rb_take_cached_stripes(endpoint, req, &result, granted) &&
+	if (!rb_take_reserved(endpoint, req, &result, granted) &&
+		!rb_take_cached_stripes(endpoint, req, &result, granted) &&
 		!rb_take_optimistic(endpoint, req, &result, granted))
 		rb_take_locked_way(endpoint, req, &result, granted);
 	rb_storage_end(&session);

@@ -1,0 +1,320 @@
+# 017_reserve.pl — token reserves in shared memory (bucket_reserve): one
+# hot endpoint's takes drawn without a row write, the bound still exact.
+#
+#   Not preloaded     bucket_reserve says why it cannot (55000), and changes
+#                     nothing.
+#   Draws             with the library preloaded, the first take refills the
+#                     reserve a batch at a time; the next takes draw from it
+#                     and leave the row as it was (same xmin); a take that
+#                     rolls back, or whose savepoint does, gives its token
+#                     back; bad input gets its SQLSTATE and changes nothing.
+#   Feedback          a 429 empties the reserve at once, and the next take is
+#                     refused with the cooldown's exact wait.
+#   Saturating load   24 clients take far more than 400/s (burst 40, batch
+#                     10), 1 take in 7 rolls back: every recorded window holds
+#                     at most 40 above 400/s, at least 95% of the bound is
+#                     granted, most takes were draws.
+#   Crash             with synchronous_commit = off, psql clients count the
+#                     grants they were told of; the server is SIGKILLed mid
+#                     load and restarted, the reserve is empty, and the grants
+#                     the clients saw, both sides of the crash together, keep
+#                     the bound over every window.
+#   Promotion         the same across the promotion of a synchronous standby
+#                     (synchronous_commit = off on the primary: the takes
+#                     through the row raise it themselves).
+#
+# Figures are printed with note(): run prove with -v to see them.
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IPC::Run ();
+use Time::HiRes ();
+
+use lib 'test/perl';
+use RatebucketTest;
+
+# ------------------------------------------------------- not preloaded --
+my $node = start_node('reserve',
+	conf => "max_connections = 40\nsynchronous_commit = off\n");
+$node->safe_psql('postgres', q{SELECT ratebucket.bucket_configure('hot', 100, 200)});
+my ($ret, $out, $err) = $node->psql('postgres', q{
+\set VERBOSITY verbose
+SELECT ratebucket.bucket_reserve('hot', 10)});
+like($err, qr/55000: token reserves are not available on this server/,
+	'not preloaded: bucket_reserve refuses with 55000');
+like($err, qr/shared_preload_libraries/, 'not preloaded: the hint names shared_preload_libraries');
+is($node->safe_psql('postgres', q{SELECT reserve IS NULL FROM ratebucket.buckets WHERE endpoint = 'hot'}),
+	't', 'not preloaded: the row is unchanged');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM ratebucket.bucket_reserves()}),
+	'0', 'not preloaded: no reserve is listed');
+
+$node->append_conf('postgresql.conf', "shared_preload_libraries = 'ratebucket'\n");
+$node->restart;
+
+# ---------------------------------------------------------------- draws --
+is($node->safe_psql('postgres', q{SELECT ratebucket.bucket_reserve('hot', 50) IS NULL}),
+	't', 'preloaded: bucket_reserve gives the endpoint a reserve (it had none)');
+is($node->safe_psql('postgres', q{SELECT allowed, remaining FROM ratebucket.bucket_take('hot')}),
+	't|149', 'the first take goes through the row and moves a batch of 50 to the reserve');
+is($node->safe_psql('postgres', q{SELECT tokens, pending, drawn, batch, refills FROM ratebucket.bucket_reserves()}),
+	'50|0|0|50|1', 'the reserve holds the batch, committed');
+my $xmin = $node->safe_psql('postgres', q{SELECT xmin FROM ratebucket.buckets WHERE endpoint = 'hot'});
+is($node->safe_psql('postgres',
+		q{SELECT allowed, remaining FROM ratebucket.bucket_take('hot');} x 5),
+	"t|49\nt|48\nt|47\nt|46\nt|45", 'five takes draw from the reserve');
+is($node->safe_psql('postgres', q{SELECT xmin FROM ratebucket.buckets WHERE endpoint = 'hot'}),
+	$xmin, 'the draws left the row as it was');
+is($node->safe_psql('postgres', q{
+BEGIN;
+SELECT allowed FROM ratebucket.bucket_take('hot');
+SELECT drawn FROM ratebucket.bucket_reserves();
+ROLLBACK;
+SELECT tokens || ' ' || drawn || ' ' || draws FROM ratebucket.bucket_reserves();}),
+	"t\n1\n45 0 5", 'a take that rolls back is drawn until then, and its token goes back');
+is($node->safe_psql('postgres', q{
+BEGIN;
+SAVEPOINT a;
+SELECT allowed FROM ratebucket.bucket_take('hot');
+ROLLBACK TO a;
+SELECT allowed FROM ratebucket.bucket_take('hot');
+COMMIT;
+SELECT tokens || ' ' || drawn || ' ' || draws FROM ratebucket.bucket_reserves();}),
+	"t\nt\n44 0 6", 'a rolled-back savepoint gives its draw back, the committed one is spent');
+
+# bad input: its SQLSTATE, nothing changed
+$node->safe_psql('postgres', q{
+SELECT ratebucket.bucket_configure('quota', 10, 10);
+SELECT ratebucket.bucket_configure_quota('quota', 100, 'day');
+SELECT ratebucket.bucket_configure('striped', 100, 100);
+SELECT ratebucket.bucket_stripe('striped', 4);
+});
+my $rows_sql = q{SELECT string_agg(endpoint || ':' || coalesce(reserve::text, '-') || ':' || tokens, ',' ORDER BY endpoint)
+FROM ratebucket.buckets WHERE octet_length(endpoint) <= 1024};
+my $rows_before = $node->safe_psql('postgres', $rows_sql);
+for my $case (
+	[ q{SELECT ratebucket.bucket_reserve('hot', 0)}, '22023', 'batch 0' ],
+	[ q{SELECT ratebucket.bucket_reserve('hot', 201)}, '22023', 'a batch above the capacity' ],
+	[ q{SELECT ratebucket.bucket_reserve('nobody', 5)}, '42704', 'an endpoint not configured' ],
+	[ q{SELECT ratebucket.bucket_reserve('quota', 5)}, '0A000', 'a calendar quota' ],
+	[ q{SELECT ratebucket.bucket_reserve('striped', 5)}, '55000', 'a striped endpoint' ],
+	[ q{SELECT ratebucket.bucket_stripe('hot', 2)}, '55000', 'striping an endpoint with a reserve' ],
+	[ q{SELECT ratebucket.bucket_reserve(repeat('x', 256), 5)}, '54000', 'an endpoint longer than 255 bytes' ])
+{
+	my ($sql, $state, $what) = @$case;
+	($ret, $out, $err) = $node->psql('postgres', "\\set VERBOSITY verbose\n$sql");
+	like($err, qr/ERROR:  $state:/, "$what: $state");
+}
+is($node->safe_psql('postgres', $rows_sql), $rows_before, 'the refused calls changed no row');
+
+# ------------------------------------------------------------- feedback --
+is($node->safe_psql('postgres', q{
+SELECT outcome FROM ratebucket.bucket_observe('hot', 429, '1');
+SELECT tokens || ' ' || drains FROM ratebucket.bucket_reserves();}),
+	"throttled\n0 1", 'a 429 empties the reserve at once');
+my ($allowed, $wait) = query_row($node, q{SELECT allowed, wait_seconds FROM ratebucket.bucket_take('hot')});
+# the cooldown's second, then one token at the lowered rate (70/s)
+ok($allowed eq 'f' && $wait > 0.9 && $wait <= 1.0 + 1 / 70,
+	"the next take is refused with the cooldown's wait ($wait s)");
+is($node->safe_psql('postgres', q{SELECT ratebucket.bucket_reserve('hot', NULL) || ' ' || (SELECT count(*) FROM ratebucket.bucket_reserves())}),
+	'50 0', 'bucket_reserve(NULL) takes the reserve away');
+
+# ----------------------------------------------------- saturating load --
+my ($rate, $capacity, $batch, $clients, $seconds) = (400, 40, 10, 24, 5);
+$node->safe_psql('postgres', qq{
+SELECT ratebucket.bucket_configure('load', $rate, $capacity);
+SELECT ratebucket.bucket_reserve('load', $batch);
+CREATE TABLE grants (at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE SEQUENCE rolled_back;
+});
+$node->pgbench(
+	"-n -M prepared -c $clients -j 2 -T $seconds",
+	0,
+	[ qr{number of failed transactions: 0 \(0\.000%\)} ],
+	[ qr{^$} ],
+	"$clients clients saturate one endpoint with a reserve: no error",
+	{
+		'001_take@12' => q{
+INSERT INTO grants SELECT FROM ratebucket.bucket_take('load') WHERE allowed;
+},
+		'002_take_rollback@2' => q{
+BEGIN;
+SELECT nextval('rolled_back') FROM ratebucket.bucket_take('load') WHERE allowed;
+ROLLBACK;
+},
+	},
+	'postgres');
+my ($recorded, $busy, $draws, $refills, $row_takes) = query_row($node, q{
+SELECT (SELECT count(*) FROM grants),
+       (SELECT extract(epoch FROM max(at) - min(at)) FROM grants),
+       r.draws, r.refills, b.takes_granted
+FROM ratebucket.bucket_reserves() AS r, ratebucket.buckets AS b
+WHERE r.endpoint = 'load' AND b.endpoint = 'load'});
+my ($excess) = window_excess($node, 'grants', $rate);
+ok($excess <= $capacity + 1 + 1e-6,
+	sprintf('every window: at most %.2f grants above %d/s (capacity %d, 1 of slack)',
+		$excess, $rate, $capacity));
+my $busy_bound = $rate * $busy + $capacity;
+ok($recorded >= 0.95 * $busy_bound,
+	sprintf('efficiency %.1f%% >= 95%% under saturating demand (%d of %.1f over %.3f s)',
+		100 * $recorded / $busy_bound, $recorded, $busy_bound, $busy));
+ok($draws > 0 && $refills > 0, "grants were drawn ($draws) and refilled ($refills)");
+ok($draws <= $recorded, "committed draws ($draws) <= grants recorded ($recorded): rolled-back draws are not counted");
+ok($node->safe_psql('postgres', 'SELECT is_called FROM rolled_back') eq 't', 'some takes rolled back');
+ok($row_takes >= $refills, "the row counts its own takes and the draws it was told of ($row_takes)");
+
+# -------------------------------------------- what clients were told of --
+# $n psql clients, each running $takes takes of $ep, one line per grant
+# (the epoch of its clock_timestamp), with ON_ERROR_STOP: a client whose
+# server dies stops there and prints what it was told.
+sub start_clients
+{
+	my ($target, $ep, $n, $takes) = @_;
+	# a file, not stdin: a client whose server died reads no more of it
+	my $script = $target->basedir . "/takes_${ep}_$takes.sql";
+	PostgreSQL::Test::Utils::append_to_file($script,
+		"SELECT extract(epoch FROM clock_timestamp()) FROM ratebucket.bucket_take('$ep') WHERE allowed;\n" x $takes)
+	  unless -e $script;
+	my @clients;
+	for my $i (1 .. $n)
+	{
+		my %c = (out => '', err => '');
+		$c{h} = IPC::Run::start(
+			[ 'psql', '-X', '-A', '-t', '-q', '-v', 'ON_ERROR_STOP=1',
+			  '-h', $target->host, '-p', $target->port, '-d', 'postgres', '-f', $script ],
+			'<', \undef, '>', \$c{out}, '2>', \$c{err});
+		push @clients, \%c;
+	}
+	return \@clients;
+}
+
+# Wait for the clients to end; the grants they printed.
+sub finish_clients
+{
+	my ($clients) = @_;
+	my @at;
+	for my $c (@$clients)
+	{
+		$c->{h}->finish;
+		push @at, grep { /^\d+(\.\d+)?$/ } split /\n/, $c->{out};
+	}
+	return @at;
+}
+
+# The grants of @at into table $table of $target, and the window check.
+sub check_told
+{
+	my ($target, $table, $r, $cap, $what, @at) = @_;
+	$target->safe_psql('postgres', "CREATE TABLE $table (at timestamptz NOT NULL);");
+	$target->safe_psql('postgres',
+		"INSERT INTO $table SELECT to_timestamp(x::float8) FROM unnest('{"
+		  . join(',', @at) . "}'::text[]) AS x;");
+	my ($ex, undef, $count) = window_excess($target, $table, $r);
+	ok($ex <= $cap + 1 + 1e-6,
+		sprintf('%s: the %d grants clients were told of hold at most %.2f above %d/s in any window (capacity %d, 1 of slack)',
+			$what, $count, $ex, $r, $cap));
+	return $count;
+}
+
+# The SQL that configures an endpoint for burst_then_kill: 1/s, burst 200,
+# a batch of 100, committed durably.
+sub burst_setup
+{
+	my ($ep) = @_;
+	return qq{
+SET synchronous_commit = on;
+SELECT ratebucket.bucket_configure('$ep', 1, 200);
+SELECT ratebucket.bucket_reserve('$ep', 100);};
+}
+
+# A burst that ends in a kill: on a fresh endpoint (burst_setup) one take
+# through the row moves 100 tokens to the reserve, and 100 draws follow in
+# the same session, all told to the client; then $victim is SIGKILLed at
+# once, within the walwriter's delay of the refill's commit.  Returns the
+# grants told.
+sub burst_then_kill
+{
+	my ($victim, $ep) = @_;
+	my $out = $victim->safe_psql('postgres',
+		"SELECT allowed FROM ratebucket.bucket_take('$ep');\n" x 101);
+	kill_server($victim);
+	return scalar grep { $_ eq 't' } split /\n/, $out;
+}
+
+# After burst_then_kill: every take $survivor still grants of $ep, and the
+# check that both sides together stay within 1*T + 200, T from the
+# configuration to now.
+sub check_burst
+{
+	my ($survivor, $ep, $told, $what) = @_;
+	my $out = $survivor->safe_psql('postgres',
+		"SELECT allowed FROM ratebucket.bucket_take('$ep');\n" x 400);
+	my $after = grep { $_ eq 't' } split /\n/, $out;
+	my ($t) = query_row($survivor, qq{
+SELECT extract(epoch FROM clock_timestamp() - configured_at) FROM ratebucket.buckets WHERE endpoint = '$ep'});
+	ok($told + $after <= 200 + 1 * $t + 1e-6,
+		sprintf('%s: %d grants told before, %d after: within 1*T + 200 = %.1f (a refill the %s lost would give its 100 again)',
+			$what, $told, $after, 200 + $t, $what));
+	return;
+}
+
+# ---------------------------------------------------------------- crash --
+my ($c_rate, $c_cap, $c_batch) = (300, 60, 20);
+$node->safe_psql('postgres', qq{
+SELECT ratebucket.bucket_configure('crash', $c_rate, $c_cap);
+SELECT ratebucket.bucket_reserve('crash', $c_batch);
+});
+my $before = start_clients($node, 'crash', 6, 200000);
+Time::HiRes::sleep(1.5);
+my ($draws_at_kill) = query_row($node, q{SELECT draws FROM ratebucket.bucket_reserves() WHERE endpoint = 'crash'});
+kill_server($node);
+my @told = finish_clients($before);
+$node->start;
+is($node->safe_psql('postgres', q{SELECT count(*) FROM ratebucket.bucket_reserves()}),
+	'0', 'after the crash: every reserve is empty (gone with shared memory)');
+my $after = start_clients($node, 'crash', 6, 3000);
+push @told, finish_clients($after);
+ok($draws_at_kill > 0, "draws were being made when the server was killed ($draws_at_kill)");
+check_told($node, 'told_crash', $c_rate, $c_cap, 'crash (synchronous_commit = off)', @told);
+$node->safe_psql('postgres', burst_setup('durable'));
+my $burst = burst_then_kill($node, 'durable');
+$node->start;
+check_burst($node, 'durable', $burst, 'crash');
+$node->stop;
+
+# ------------------------------------------------------------ promotion --
+my $primary = start_node('reserve_primary',
+	init => { allows_streaming => 1 },
+	conf => "max_connections = 30\nsynchronous_commit = off\nshared_preload_libraries = 'ratebucket'\n");
+$primary->safe_psql('postgres', qq{
+SELECT ratebucket.bucket_configure('failover', $c_rate, $c_cap);
+SELECT ratebucket.bucket_reserve('failover', $c_batch);
+} . burst_setup('durable'));
+$primary->backup('b');
+my $standby = PostgreSQL::Test::Cluster->new('reserve_standby');
+$standby->init_from_backup($primary, 'b', has_streaming => 1);
+$standby->append_conf('postgresql.conf', "synchronous_standby_names = ''\n");
+$standby->start;
+$primary->append_conf('postgresql.conf', "synchronous_standby_names = '*'\n");
+$primary->reload;
+$primary->poll_query_until('postgres',
+	q{SELECT count(*) = 1 FROM pg_stat_replication WHERE sync_state = 'sync'})
+  or die 'the standby never became synchronous';
+$before = start_clients($primary, 'failover', 6, 200000);
+Time::HiRes::sleep(1.5);
+$burst = burst_then_kill($primary, 'durable');
+@told = finish_clients($before);
+my $told_primary = scalar @told;
+$standby->promote;
+$after = start_clients($standby, 'failover', 6, 3000);
+push @told, finish_clients($after);
+ok($told_primary > 0 && @told > $told_primary,
+	sprintf('grants were told on the primary (%d) and on the promoted standby (%d)',
+		$told_primary, @told - $told_primary));
+check_told($standby, 'told_failover', $c_rate, $c_cap, 'promotion of a synchronous standby', @told);
+check_burst($standby, 'durable', $burst, 'promotion');
+
+done_testing();
