@@ -95,4 +95,10 @@ VACUUM ANALYZE bare, pl_buckets, ratebucket.buckets;
 -- (bucket_stripe), limits so high that every take is granted.
 SELECT ratebucket.bucket_configure('striped', 1e6, 1e6);
 SELECT ratebucket.bucket_stripe('striped', :stripes) AS striped_from;
+
+-- The reserved variant: one configured endpoint with a token reserve
+-- (bucket_reserve; the server preloads ratebucket), limits so high that
+-- every take is granted.
+SELECT ratebucket.bucket_configure('reserved', 1e6, 1e6);
+SELECT ratebucket.bucket_reserve('reserved', :reserve_batch) AS reserved_before;
 VACUUM ANALYZE ratebucket.buckets;
