@@ -181,7 +181,9 @@ rb_take_locked_way(text *endpoint, const RbTakeRequest *req,
 	/* the row of a bucket striped since this backend last met it */
 	if (rb_is_stripe_parent(&bucket))
 		*result = rb_take_striped_now(endpoint, req, granted);
-	else
+	/* a reserve refilled by the transaction this take waited for */
+	else if (!(bucket.reserve.found &&
+			   rb_take_reserved(endpoint, req, result, granted)))
 		rb_take_locked(&bucket, endpoint, req, result, granted);
 }
 

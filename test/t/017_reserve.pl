@@ -8,6 +8,8 @@
 #                     and leave the row as it was (same xmin); a take that
 #                     rolls back, or whose savepoint does, gives its token
 #                     back; bad input gets its SQLSTATE and changes nothing.
+#   Interleavings     the isolation specs of test/isolation/reserve, run
+#                     against this preloaded server.
 #   Feedback          a 429 empties the reserve at once, and the next take is
 #                     refused with the cooldown's exact wait.
 #   Saturating load   24 clients take far more than 400/s (burst 40, batch
@@ -31,6 +33,8 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use File::Basename qw(basename dirname);
+use File::Spec;
 use IPC::Run ();
 use Time::HiRes ();
 
@@ -109,6 +113,27 @@ for my $case (
 	like($err, qr/ERROR:  $state:/, "$what: $state");
 }
 is($node->safe_psql('postgres', $rows_sql), $rows_before, 'the refused calls changed no row');
+
+# ------------------------------------------------------- isolation specs --
+# test/isolation/reserve: interleavings of draws, refills, rollbacks and a
+# 429, on this preloaded server (the main isolation suite runs on a server
+# that does not preload ratebucket).
+{
+	my $isolation = File::Spec->catfile(dirname(dirname($ENV{PG_REGRESS})),
+		'isolation', 'pg_isolation_regress');
+	my $outdir = $node->basedir . '/isolation_reserve';
+	mkdir $outdir;
+	$node->safe_psql('postgres', 'CREATE DATABASE iso_reserve');
+	my @specs = map { basename($_, '.spec') } glob('test/isolation/reserve/specs/*.spec');
+	my ($stdout, $stderr);
+	my $ok = IPC::Run::run(
+		[ $isolation, '--use-existing', '--host=' . $node->host, '--port=' . $node->port,
+		  '--dbname=iso_reserve', '--inputdir=test/isolation/reserve',
+		  "--outputdir=$outdir", @specs ],
+		'>', \$stdout, '2>', \$stderr);
+	ok($ok && @specs >= 2, 'isolation specs of the reserve pass: ' . join(' ', @specs))
+	  or diag($stdout . $stderr . (-e "$outdir/regression.diffs" ? slurp_file("$outdir/regression.diffs") : ''));
+}
 
 # ------------------------------------------------------------- feedback --
 is($node->safe_psql('postgres', q{
