@@ -155,6 +155,9 @@ static RbAction *actions = NULL;
 static int	nactions = 0;
 static int	maxactions = 0;
 
+/* Has this transaction taken through a row with a reserve? */
+static bool durable_commit = false;
+
 #if PG_VERSION_NUM >= 150000
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 #endif
@@ -733,6 +736,7 @@ rb_reserve_make_durable(void)
 								 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0,
 								 false);
 	ForceSyncCommit();
+	durable_commit = true;
 }
 
 /*
@@ -846,6 +850,16 @@ rb_actions_settle(SubTransactionId subid, bool commit, bool prepared)
 static void
 rb_reserve_xact(XactEvent event, void *arg pg_attribute_unused())
 {
+	/*
+	 * Once more just before the commit: a function with a SET clause that
+	 * called the take has undone the first setting on its way out.
+	 */
+	if (event == XACT_EVENT_PRE_COMMIT && durable_commit)
+		rb_reserve_make_durable();
+	else if (event != XACT_EVENT_PRE_COMMIT &&
+			 event != XACT_EVENT_PARALLEL_PRE_COMMIT &&
+			 event != XACT_EVENT_PRE_PREPARE)
+		durable_commit = false;
 	if (nactions == 0)
 		return;
 	switch (event)
