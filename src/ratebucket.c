@@ -28,7 +28,8 @@ void		_PG_init(void);
 void
 _PG_init(void)
 {
+	/* before rb_settings_init reserves the prefix ratebucket. */
+	rb_reserve_init();
 	rb_settings_init();
 	rb_storage_init();
-	rb_reserve_init();
 }

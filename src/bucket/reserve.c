@@ -21,8 +21,8 @@
  *	  - a draw counts as drawn until its transaction ends: committed, the
  *		token is spent; rolled back (or its subtransaction), it returns to
  *		the slot;
- *	  - a refill's tokens are pending until its transaction ends: committed,
- *		they become drawable; rolled back, they stay with the row, which the
+ *	  - a refill's tokens are pending until its transaction ends: committed
+ *		durably (rb_commit_is_durable), they become drawable; rolled back, they stay with the row, which the
  *		rollback restores; prepared (two-phase), they are dropped, since the
  *		slot cannot know how the prepared transaction ends;
  *	  - a take through such a row commits as durably as synchronous_commit
@@ -53,6 +53,9 @@
 #include "access/xact.h"
 #include "miscadmin.h"
 #include "pgstat.h"
+#include "replication/syncrep.h"
+#include "replication/walsender.h"
+#include "replication/walsender_private.h"
 #include "storage/condition_variable.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
@@ -421,17 +424,18 @@ rb_reserve_written(const RbBucket *bucket)
 	RbSlot	   *slot;
 	RbBucketNow now;
 	TimestampTz at;
+	double		cap;
 	bool		drained = false;
 
 	if (reserve_shared == NULL || !bucket->reserve.found)
 		return;
 	at = GetCurrentTimestamp();
 	rb_bucket_now(bucket, at, &now);
+	cap = rb_bucket_capacity_now(bucket, at);
 	slot = &reserve_shared->slots[bucket->reserve.slot];
 	SpinLockAcquire(&slot->mutex);
 	if (slot->incarnation == bucket->reserve.incarnation &&
-		!rb_slot_still_fits(slot, bucket, &now,
-							rb_bucket_capacity_now(bucket, at)))
+		!rb_slot_still_fits(slot, bucket, &now, cap))
 	{
 		rb_slot_drain(slot);
 		drained = true;
@@ -441,7 +445,25 @@ rb_reserve_written(const RbBucket *bucket)
 		ConditionVariableBroadcast(&slot->refilled);
 }
 
-/* Record what this transaction did to a slot, merged with the like. */
+/* Room for one more action, made before a slot is changed (no error after). */
+static void
+rb_actions_make_room(void)
+{
+	if (nactions == maxactions)
+	{
+		int			n = Max(16, maxactions * 2);
+
+		actions = actions == NULL ?
+			MemoryContextAlloc(TopMemoryContext, n * sizeof(RbAction)) :
+			repalloc(actions, n * sizeof(RbAction));
+		maxactions = n;
+	}
+}
+
+/*
+ * Record what this transaction did to a slot, merged with the like; room
+ * was made (rb_actions_make_room).
+ */
 static void
 rb_action_add(const RbAction *action)
 {
@@ -460,15 +482,7 @@ rb_action_add(const RbAction *action)
 			return;
 		}
 	}
-	if (nactions == maxactions)
-	{
-		int			n = Max(16, maxactions * 2);
-
-		actions = actions == NULL ?
-			MemoryContextAlloc(TopMemoryContext, n * sizeof(RbAction)) :
-			repalloc(actions, n * sizeof(RbAction));
-		maxactions = n;
-	}
+	Assert(nactions < maxactions);
 	actions[nactions++] = *action;
 }
 
@@ -521,6 +535,7 @@ rb_draw_once(RbSlot *slot, const RbCacheEntry *cached, Oid relid,
 	double		n;
 	bool		wait;
 
+	rb_actions_make_room();
 	SpinLockAcquire(&slot->mutex);
 	if (slot->incarnation != cached->incarnation)
 	{
@@ -561,13 +576,14 @@ rb_draw_once(RbSlot *slot, const RbCacheEntry *cached, Oid relid,
  *		of, filled for this request's limits, and holding enough: true with
  *		the tokens granted and those left in the reserve.  While a refill
  *		of the empty reserve is on its way (another transaction's), waits
- *		for it a few times briefly.  False, having taken nothing, when the
- *		take must go through the row.
+ *		for it a few times briefly, unless "nowait".  False, having taken
+ *		nothing, when the take must go through the row (always in a
+ *		read-only transaction, which the row refuses).
  */
 bool
 rb_reserve_draw(text *endpoint, Oid relid, bool use_config, double rate,
-				double capacity, double want, int64 upto, double *granted,
-				double *remaining)
+				double capacity, double want, int64 upto, bool nowait,
+				double *granted, double *remaining)
 {
 	char		name[RB_RESERVE_MAX_ENDPOINT + 1];
 	int			len = VARSIZE_ANY_EXHDR(endpoint);
@@ -577,7 +593,7 @@ rb_reserve_draw(text *endpoint, Oid relid, bool use_config, double rate,
 	int			r = -1;
 
 	if (reserve_cache == NULL || hash_get_num_entries(reserve_cache) == 0 ||
-		len > RB_RESERVE_MAX_ENDPOINT)
+		len > RB_RESERVE_MAX_ENDPOINT || XactReadOnly)
 		return false;
 	memset(name, 0, sizeof(name));
 	memcpy(name, VARDATA_ANY(endpoint), len);
@@ -589,7 +605,7 @@ rb_reserve_draw(text *endpoint, Oid relid, bool use_config, double rate,
 	{
 		r = rb_draw_once(slot, cached, relid, use_config, rate, capacity,
 						 want, upto, granted, remaining);
-		if (r != 0 || tries == RB_REFILL_WAITS)
+		if (r != 0 || tries == RB_REFILL_WAITS || nowait)
 			break;
 		(void) ConditionVariableTimedSleep(&slot->refilled, RB_REFILL_WAIT_MS,
 										   PG_WAIT_EXTENSION);
@@ -763,6 +779,7 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 	if (tokens <= 0.0 || !rb_reserve_key(bucket->key, relid, &key))
 		return;
 	rb_bucket_now(bucket, now, &state);
+	rb_actions_make_room();
 	i = rb_slot_for(&key, now);
 	slot = &reserve_shared->slots[i];
 	SpinLockAcquire(&slot->mutex);
@@ -786,26 +803,65 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 	rb_cache_remember(&key, i, action.incarnation);
 }
 
-/* Settle one action at its transaction's end; true if waiters may go on. */
+/*
+ * Is this transaction's commit record durable as a refill needs: flushed,
+ * and acknowledged by the synchronous standbys if there are any?  A wait
+ * for them that was cancelled still commits (with a warning); its refill's
+ * tokens must then not become drawable.
+ */
 static bool
-rb_action_settle(const RbAction *a, bool commit, bool prepared)
+rb_commit_is_durable(void)
+{
+	XLogRecPtr	commit = XactLastCommitEnd;
+	bool		durable;
+
+	if (commit == InvalidXLogRecPtr)
+		return true;			/* nothing written, nothing to lose */
+#if PG_VERSION_NUM >= 150000
+	if (GetFlushRecPtr(NULL) < commit)
+		return false;
+#else
+	if (GetFlushRecPtr() < commit)
+		return false;
+#endif
+	if (WalSndCtl == NULL || max_wal_senders == 0 ||
+		SyncRepStandbyNames == NULL || SyncRepStandbyNames[0] == '\0')
+		return true;
+	LWLockAcquire(SyncRepLock, LW_SHARED);
+	durable = WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH] >= commit;
+	LWLockRelease(SyncRepLock);
+	return durable;
+}
+
+/*
+ * Settle one action at its transaction's end: committed ("durable": its
+ * refills may become drawable), prepared, or rolled back.  True if waiters
+ * may go on.
+ */
+static bool
+rb_action_settle(const RbAction *a, bool commit, bool prepared, bool durable,
+				 TimestampTz now)
 {
 	RbSlot	   *slot = &reserve_shared->slots[a->slot];
 	bool		wake = false;
 
 	SpinLockAcquire(&slot->mutex);
+	if (slot->incarnation == a->incarnation && a->refill && commit && !prepared)
+	{
+		/* the row counted these draws, whatever became of the reserve */
+		slot->unsaved_takes -= a->saved_takes;
+		slot->unsaved_tokens -= a->saved_tokens;
+	}
 	if (slot->incarnation == a->incarnation && slot->generation == a->generation)
 	{
 		if (a->refill)
 		{
 			slot->pending -= a->tokens;
-			if (commit && !prepared)
+			if (commit && !prepared && durable)
 			{
 				slot->tokens += a->tokens;
 				slot->refills++;
-				slot->last_refill_at = GetCurrentTimestamp();
-				slot->unsaved_takes -= a->saved_takes;
-				slot->unsaved_tokens -= a->saved_tokens;
+				slot->last_refill_at = now;
 			}
 			wake = true;
 		}
@@ -833,6 +889,8 @@ rb_actions_settle(SubTransactionId subid, bool commit, bool prepared)
 {
 	int			i;
 	int			kept = 0;
+	bool		durable = commit && !prepared && rb_commit_is_durable();
+	TimestampTz now = GetCurrentTimestamp();
 
 	for (i = 0; i < nactions; i++)
 	{
@@ -841,7 +899,7 @@ rb_actions_settle(SubTransactionId subid, bool commit, bool prepared)
 			actions[kept++] = actions[i];
 			continue;
 		}
-		if (rb_action_settle(&actions[i], commit, prepared))
+		if (rb_action_settle(&actions[i], commit, prepared, durable, now))
 			ConditionVariableBroadcast(&reserve_shared->slots[actions[i].slot].refilled);
 	}
 	nactions = kept;

@@ -109,6 +109,7 @@ rb_set_quota(RbBucket *bucket, double quota, const char *period,
 	strlcpy(bucket->quota_period, period, RB_TEXT_LEN);
 	strlcpy(bucket->quota_time_zone, zone, RB_TEXT_LEN);
 	bucket->template_name[0] = '\0';
+	bucket->reserve_batch = -1;	/* a quota has no reserve: its write drains it */
 }
 
 /*

@@ -87,7 +87,7 @@ rb_take_reserved(text *endpoint, const RbTakeRequest *req,
 
 	if (!rb_reserve_draw(endpoint, rb_storage_relid(), req->use_config,
 						 req->rate, req->capacity, req->want, req->upto,
-						 granted, &remaining))
+						 req->nowait, granted, &remaining))
 		return false;
 	result->allowed = true;
 	result->remaining = remaining;

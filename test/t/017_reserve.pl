@@ -16,6 +16,8 @@
 #                     10), 1 take in 7 rolls back: every recorded window holds
 #                     at most 40 above 400/s, at least 95% of the bound is
 #                     granted, most takes were draws.
+#   Cancelled wait    a refill whose wait for a synchronous standby is
+#                     cancelled commits locally, and its tokens are dropped.
 #   Crash             with synchronous_commit = off, psql clients count the
 #                     grants they were told of; the server is SIGKILLed mid
 #                     load and restarted, the reserve is empty, and the grants
@@ -56,8 +58,10 @@ is($node->safe_psql('postgres', q{SELECT reserve IS NULL FROM ratebucket.buckets
 is($node->safe_psql('postgres', q{SELECT count(*) FROM ratebucket.bucket_reserves()}),
 	'0', 'not preloaded: no reserve is listed');
 
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'ratebucket'\n");
+$node->append_conf('postgresql.conf', "shared_preload_libraries = 'ratebucket'\nratebucket.reserves = 64\n");
 $node->restart;
+is($node->safe_psql('postgres', 'SHOW ratebucket.reserves'), '64',
+	'preloaded: ratebucket.reserves is read from postgresql.conf');
 
 # ---------------------------------------------------------------- draws --
 is($node->safe_psql('postgres', q{SELECT ratebucket.bucket_reserve('hot', 50) IS NULL}),
@@ -88,6 +92,14 @@ SELECT allowed FROM ratebucket.bucket_take('hot');
 COMMIT;
 SELECT tokens || ' ' || drawn || ' ' || draws FROM ratebucket.bucket_reserves();}),
 	"t\nt\n44 0 6", 'a rolled-back savepoint gives its draw back, the committed one is spent');
+
+($ret, $out, $err) = $node->psql('postgres', q{
+\set VERBOSITY verbose
+BEGIN READ ONLY;
+SELECT allowed FROM ratebucket.bucket_take('hot');});
+like($err, qr/ERROR:  25006:/, 'a take in a read-only transaction is refused (25006), reserve or not');
+is($node->safe_psql('postgres', q{SELECT tokens || ' ' || drawn FROM ratebucket.bucket_reserves()}),
+	'44 0', 'and draws nothing');
 
 # bad input: its SQLSTATE, nothing changed
 $node->safe_psql('postgres', q{
@@ -146,6 +158,14 @@ ok($allowed eq 'f' && $wait > 0.9 && $wait <= 1.0 + 1 / 70,
 	"the next take is refused with the cooldown's wait ($wait s)");
 is($node->safe_psql('postgres', q{SELECT ratebucket.bucket_reserve('hot', NULL) || ' ' || (SELECT count(*) FROM ratebucket.bucket_reserves())}),
 	'50 0', 'bucket_reserve(NULL) takes the reserve away');
+is($node->safe_psql('postgres', q{
+SELECT ratebucket.bucket_configure('toquota', 100, 100);
+SELECT ratebucket.bucket_reserve('toquota', 10);
+SELECT allowed FROM ratebucket.bucket_take('toquota');
+SELECT ratebucket.bucket_configure_quota('toquota', 1000, 'day');
+SELECT coalesce(reserve::text, 'none') || ' ' || (SELECT count(*) FROM ratebucket.bucket_reserves() WHERE tokens > 0)
+FROM ratebucket.buckets WHERE endpoint = 'toquota';}),
+	"\n\nt\n\nnone 0", 'an endpoint made a calendar quota loses its reserve, emptied');
 
 # ----------------------------------------------------- saturating load --
 my ($rate, $capacity, $batch, $clients, $seconds) = (400, 40, 10, 24, 5);
@@ -341,5 +361,32 @@ ok($told_primary > 0 && @told > $told_primary,
 		$told_primary, @told - $told_primary));
 check_told($standby, 'told_failover', $c_rate, $c_cap, 'promotion of a synchronous standby', @told);
 check_burst($standby, 'durable', $burst, 'promotion');
+
+# ------------------------------------------- a cancelled synchronous wait --
+# A refill whose commit waits for a synchronous standby that never answers,
+# cancelled: PostgreSQL commits it locally anyway (with a warning); its
+# tokens must not become drawable, since a standby promoted then would
+# still hold them in the row.  (On the promoted standby, a primary now.)
+$standby->safe_psql('postgres', q{
+SELECT ratebucket.bucket_configure('cancelled', 1, 200);
+SELECT ratebucket.bucket_reserve('cancelled', 100);});
+$standby->safe_psql('postgres', q{ALTER SYSTEM SET synchronous_standby_names = 'nobody'; SELECT pg_reload_conf();});
+{
+	my ($out_c, $err_c) = ('', '');
+	my $h = IPC::Run::start(
+		[ 'psql', '-X', '-A', '-t', '-h', $standby->host, '-p', $standby->port, '-d', 'postgres',
+		  '-c', q{SELECT allowed FROM ratebucket.bucket_take('cancelled')} ],
+		'<', \undef, '>', \$out_c, '2>', \$err_c);
+	$standby->poll_query_until('postgres',
+		q{SELECT count(pg_cancel_backend(pid)) > 0 FROM pg_stat_activity WHERE wait_event = 'SyncRep'})
+	  or die 'the take never waited for the synchronous standby';
+	$h->finish;
+	like($err_c, qr/canceling wait for synchronous replication/,
+		'a refill waiting for a synchronous standby is cancelled, and commits locally');
+	is($out_c, "t\n", 'its take was granted');
+}
+$standby->safe_psql('postgres', q{ALTER SYSTEM RESET synchronous_standby_names; SELECT pg_reload_conf();});
+is($standby->safe_psql('postgres', q{SELECT tokens || ' ' || pending FROM ratebucket.bucket_reserves() WHERE endpoint = 'cancelled'}),
+	'0 0', 'the tokens of that refill are dropped, not drawable');
 
 done_testing();
