@@ -22,9 +22,10 @@
  *		token is spent; rolled back (or its subtransaction), it returns to
  *		the slot;
  *	  - a refill's tokens are pending until its transaction ends: committed
- *		durably (rb_commit_is_durable), they become drawable; rolled back, they stay with the row, which the
- *		rollback restores; prepared (two-phase), they are dropped, since the
- *		slot cannot know how the prepared transaction ends;
+ *		durably (rb_commit_is_durable), they become drawable; rolled back,
+ *		they stay with the row, which the rollback restores; prepared
+ *		(two-phase), or committed without the synchronous standbys'
+ *		acknowledgement (a cancelled wait), they are dropped;
  *	  - a take through such a row commits as durably as synchronous_commit
  *		= on makes it, whatever the setting says (rb_reserve_make_durable),
  *		so tokens are never drawable before the row that gave them up is
