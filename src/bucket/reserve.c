@@ -264,12 +264,6 @@ rb_reserve_available(void)
 	return reserve_shared != NULL;
 }
 
-int
-rb_reserve_slots(void)
-{
-	return reserve_shared != NULL ? rb_reserves_max : 0;
-}
-
 /* The endpoint as a key (false if too long for a reserve). */
 static bool
 rb_reserve_key(text *endpoint, Oid relid, RbReserveKey *key)
@@ -596,8 +590,8 @@ rb_reserve_draw(text *endpoint, Oid relid, bool use_config, double rate,
 	if (reserve_cache == NULL || hash_get_num_entries(reserve_cache) == 0 ||
 		len > RB_RESERVE_MAX_ENDPOINT || XactReadOnly)
 		return false;
-	memset(name, 0, sizeof(name));
 	memcpy(name, VARDATA_ANY(endpoint), len);
+	name[len] = '\0';			/* a string key: no need to clear the rest */
 	cached = rb_cache_find(name, false);
 	if (cached == NULL)
 		return false;

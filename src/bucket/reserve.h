@@ -40,7 +40,6 @@ typedef struct RbReserveInfo
 
 extern void rb_reserve_init(void);
 extern bool rb_reserve_available(void);
-extern int	rb_reserve_slots(void);
 
 /* storage.c: every row read and written */
 extern void rb_reserve_read(RbBucket *bucket, Oid relid);
