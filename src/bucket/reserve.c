@@ -17,6 +17,16 @@
  * makes the sum grow, after its write, while it holds the row; whatever
  * else happens to the slot makes it shrink.
  *
+ * The row keeps refilling while the slot holds tokens, and what it would
+ * hold is what a reader finds after a crash, when the slot is gone.  So
+ * the slot also knows the row as the last committed refill wrote it (its
+ * "line": tokens at a time, growing at the rate up to the capacity), and a
+ * draw first lets go of the slot's tokens that would take the row and the
+ * slot together past the capacity (rb_slot_expire): an endpoint that sits
+ * idle with tokens in its reserve finds them back in its row, not twice.
+ * A write of the row that would put more in it than the line allows (a
+ * hand-over of tokens back to the row) empties the slot.
+ *
  * Transactions:
  *	  - a draw counts as drawn until its transaction ends: committed, the
  *		token is spent; rolled back (or its subtransaction), it returns to
@@ -102,6 +112,9 @@ typedef struct RbSlot
 	double		pending;
 	double		drawn;
 	double		batch;
+	/* the row as the last committed refill wrote it (see above) */
+	double		line_tokens;
+	TimestampTz line_at;
 	/* what it was filled under: the request, and the limits it resolved to */
 	bool		from_config;
 	double		req_rate;
@@ -140,6 +153,8 @@ typedef struct RbAction
 	int64		takes;			/* draws: how many */
 	int64		saved_takes;	/* refills: committed draws the row counted */
 	double		saved_tokens;
+	double		row_tokens;		/* refills: the row as written */
+	TimestampTz row_at;
 } RbAction;
 
 /* This backend's map from endpoint to slot. */
@@ -337,6 +352,36 @@ rb_slot_drain(RbSlot *slot)
 	slot->drawn = 0.0;
 }
 
+/*
+ * The most the slot's row can hold at "now" (its line); mutex held.  The
+ * row refills at its rate times the feedback's factor, never above 1, so
+ * the rate the slot was filled under bounds it.
+ */
+static double
+rb_slot_row_most(const RbSlot *slot, TimestampTz now)
+{
+	double		most = slot->line_tokens;
+
+	if (now > slot->line_at)
+		most += slot->rate * (double) (now - slot->line_at) / USECS_PER_SEC;
+	return Min(most, slot->capacity);
+}
+
+/*
+ * Let go of the tokens that would take the row and the slot together past
+ * the capacity at "now" (the row refilled while they sat here); mutex held.
+ */
+static void
+rb_slot_expire(RbSlot *slot, TimestampTz now)
+{
+	double		excess;
+
+	excess = rb_slot_row_most(slot, now) + slot->tokens + slot->pending -
+		slot->capacity;
+	if (excess > 0.0)
+		slot->tokens = Max(0.0, slot->tokens - excess);
+}
+
 /* The slot index of a key, under the shared lock; -1 if none. */
 static int
 rb_index_find(const RbReserveKey *key)
@@ -355,8 +400,9 @@ rb_index_find(const RbReserveKey *key)
 /*
  * rb_reserve_read
  *		A row was read: if its endpoint has a slot, note which (for the
- *		write and the refill) and cap the row's tokens at its capacity less
- *		what the slot holds, banked at the time of the read.
+ *		write and the refill), let go of the slot's tokens the row has
+ *		refilled past (rb_slot_expire), and cap the row's tokens at its
+ *		capacity less what the slot holds, banked at the time of the read.
  */
 void
 rb_reserve_read(RbBucket *bucket, Oid relid)
@@ -365,6 +411,7 @@ rb_reserve_read(RbBucket *bucket, Oid relid)
 	RbSlot	   *slot;
 	int			i;
 	double		held;
+	TimestampTz now;
 
 	bucket->reserve.found = false;
 	if (reserve_shared == NULL || !rb_has_reserve(bucket) ||
@@ -374,12 +421,14 @@ rb_reserve_read(RbBucket *bucket, Oid relid)
 	if (i < 0)
 		return;
 	slot = &reserve_shared->slots[i];
+	now = GetCurrentTimestamp();
 	SpinLockAcquire(&slot->mutex);
 	if (slot->incarnation == 0 || memcmp(&slot->key, &key, sizeof(key)) != 0)
 	{
 		SpinLockRelease(&slot->mutex);
 		return;
 	}
+	rb_slot_expire(slot, now);
 	bucket->reserve.found = true;
 	bucket->reserve.slot = i;
 	bucket->reserve.incarnation = slot->incarnation;
@@ -388,7 +437,7 @@ rb_reserve_read(RbBucket *bucket, Oid relid)
 	SpinLockRelease(&slot->mutex);
 	rb_cache_remember(&key, i, bucket->reserve.incarnation);
 	if (held > 0.0)
-		rb_bucket_hold_out(bucket, held, GetCurrentTimestamp());
+		rb_bucket_hold_out(bucket, held, now);
 }
 
 /* May the slot's tokens still be drawn after this write of its row? */
@@ -405,13 +454,17 @@ rb_slot_still_fits(const RbSlot *slot, const RbBucket *bucket,
 		return false;
 	if (now->effective_rate < slot->effective_rate * (1.0 - 1e-9))
 		return false;
+	if (bucket->state.tokens >
+		rb_slot_row_most(slot, bucket->state.refilled_at) + cap * 1e-12)
+		return false;
 	return bucket->state.tokens + rb_slot_held(slot) <= cap * (1.0 + 1e-12);
 }
 
 /*
  * rb_reserve_written
  *		A row read with a slot was written: drain the slot unless what it
- *		holds may still be drawn (rb_slot_still_fits).
+ *		holds may still be drawn (rb_slot_still_fits), which a row given
+ *		more than its line allows never is.
  */
 void
 rb_reserve_written(const RbBucket *bucket)
@@ -530,6 +583,8 @@ rb_draw_once(RbSlot *slot, const RbCacheEntry *cached, Oid relid,
 	double		n;
 	bool		wait;
 
+	TimestampTz now = GetCurrentTimestamp();
+
 	rb_actions_make_room();
 	SpinLockAcquire(&slot->mutex);
 	if (slot->incarnation != cached->incarnation)
@@ -543,6 +598,7 @@ rb_draw_once(RbSlot *slot, const RbCacheEntry *cached, Oid relid,
 		SpinLockRelease(&slot->mutex);
 		return -1;
 	}
+	rb_slot_expire(slot, now);
 	n = rb_slot_grant(slot, want, upto);
 	if (n > 0.0)
 	{
@@ -713,6 +769,8 @@ rb_slot_for(const RbReserveKey *key, TimestampTz now)
 	slot->tokens_drawn = 0.0;
 	slot->created_at = now;
 	slot->last_refill_at = now;
+	slot->line_tokens = INFINITY;	/* the row may be full until a refill lands */
+	slot->line_at = 0;
 	SpinLockRelease(&slot->mutex);
 	LWLockRelease(reserve_shared->lock);
 	return i;
@@ -794,6 +852,8 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 	action.tokens = tokens;
 	action.saved_takes = bucket->reserve.saved_takes;
 	action.saved_tokens = bucket->reserve.saved_tokens;
+	action.row_tokens = bucket->state.tokens;
+	action.row_at = bucket->state.refilled_at;
 	rb_action_add(&action);
 	rb_cache_remember(&key, i, action.incarnation);
 }
@@ -857,6 +917,11 @@ rb_action_settle(const RbAction *a, bool commit, bool prepared, bool durable,
 				slot->tokens += a->tokens;
 				slot->refills++;
 				slot->last_refill_at = now;
+				if (a->row_at >= slot->line_at)
+				{
+					slot->line_tokens = a->row_tokens;
+					slot->line_at = a->row_at;
+				}
 			}
 			wake = true;
 		}

@@ -36,6 +36,7 @@ our @EXPORT = qw(
   children_of
   kill_server
   window_excess
+  window_excess_bracketed
 );
 
 # A new cluster called $name, initialised (with the options of $opt{init},
@@ -250,6 +251,32 @@ d AS (
          max($rate * t - n) OVER (ORDER BY t, n ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS lo
   FROM g)
 SELECT coalesce(max(hi + lo), 0), coalesce($cross, 0), (SELECT count(*) FROM g) FROM d});
+}
+
+
+# The same bound for grants known only to lie in an interval: a grant
+# stamped by its client or statement is somewhere between lo (before the
+# take) and hi (after it), and a stamp taken late packs grants into a window
+# they were not in.  This counts, for every window [a, b] with a some grant's
+# lo and b some grant's hi, only the grants certainly inside it (lo >= a and
+# hi <= b), and returns the maximum over those windows of that count less
+# rate*(b - a), with the number of grants: a token bucket keeps it within
+# its capacity however late the stamps are, while a token handed out twice
+# still shows.  $from is a FROM item with timestamptz columns "lo" and "hi".
+# It looks at n^2/2 pairs: a few thousand grants.
+sub window_excess_bracketed
+{
+	my ($node, $from, $rate) = @_;
+	return query_row($node, qq{
+SET work_mem = '256MB';
+WITH g AS (
+  SELECT extract(epoch FROM lo) AS lo, extract(epoch FROM hi) AS hi FROM $from),
+w AS (
+  SELECT s.lo AS a, g.hi AS b,
+         count(*) OVER (PARTITION BY s.lo ORDER BY g.hi
+                        RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS n
+  FROM (SELECT DISTINCT lo FROM g) AS s JOIN g ON g.lo >= s.lo)
+SELECT coalesce(max(n - $rate * (b - a)), 0), (SELECT count(*) FROM g) FROM w});
 }
 
 1;
