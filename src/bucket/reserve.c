@@ -582,7 +582,6 @@ rb_draw_once(RbSlot *slot, const RbCacheEntry *cached, Oid relid,
 	RbAction	action = {0};
 	double		n;
 	bool		wait;
-
 	TimestampTz now = GetCurrentTimestamp();
 
 	rb_actions_make_room();
