@@ -253,7 +253,6 @@ d AS (
 SELECT coalesce(max(hi + lo), 0), coalesce($cross, 0), (SELECT count(*) FROM g) FROM d});
 }
 
-
 # The same bound for grants known only to lie in an interval: a grant
 # stamped by its client or statement is somewhere between lo (before the
 # take) and hi (after it), and a stamp taken late packs grants into a window
