@@ -112,18 +112,25 @@ is($node->safe_psql('postgres', q{SELECT tokens || ' ' || drawn FROM ratebucket.
 # it runs), whether it starts from the row (another session) or from the
 # reserve (the session that filled it).  The first take leaves 9 in the
 # row and 10 in the reserve; 1.5 s idle brings the row alone back to 20.
-foreach my $case (['idle_row', 'another session'], ['idle_draw', 'the same session'])
+foreach my $case (['idle_row', 'another session', 0], ['idle_draw', 'the same session', 1])
 {
-	my ($endpoint, $how) = @$case;
+	my ($endpoint, $how, $same_session) = @$case;
 	my $take = qq{SELECT allowed, extract(epoch FROM statement_timestamp()), extract(epoch FROM clock_timestamp()) FROM ratebucket.bucket_take('$endpoint');};
 	my $setup = qq{
 SELECT ratebucket.bucket_configure('$endpoint', 10, 20);
 SELECT ratebucket.bucket_reserve('$endpoint', 10);
 SELECT allowed FROM ratebucket.bucket_take('$endpoint');};
-	my $out = $endpoint eq 'idle_row'
-	  ? do { $node->safe_psql('postgres', $setup); Time::HiRes::sleep(1.5);
-			 $node->safe_psql('postgres', $take x 60) }
-	  : $node->safe_psql('postgres', $setup . q{SELECT pg_sleep(1.5);} . ($take x 60));
+	my $out;
+	if ($same_session)
+	{
+		$out = $node->safe_psql('postgres', $setup . q{SELECT pg_sleep(1.5);} . ($take x 60));
+	}
+	else
+	{
+		$node->safe_psql('postgres', $setup);
+		Time::HiRes::sleep(1.5);
+		$out = $node->safe_psql('postgres', $take x 60);
+	}
 	my @burst = grep { /^[tf]\|/ } split /\n/, $out;
 	my $granted = grep { /^t\|/ } @burst;
 	my $span = (split /\|/, $burst[-1])[2] - (split /\|/, $burst[0])[1];
