@@ -56,11 +56,13 @@ typedef struct RbEventState
 /*
  * The endpoint's token reserve as a read of its row found it (reserve.c):
  * found is false if it has none.  saved_* are the draws a refill counts
- * into the row.
+ * into the row; leased is set when the refill also leases the row's refill
+ * to the reserve.
  */
 typedef struct RbReserveRef
 {
 	bool		found;
+	bool		leased;
 	int			slot;
 	uint64		incarnation;
 	uint64		generation;

@@ -27,6 +27,18 @@
  * A write of the row that would put more in it than the line allows (a
  * hand-over of tokens back to the row) empties the slot.
  *
+ * The lease: a refill also moves the row's refill time ahead, by
+ * ratebucket.reserve_lease, as a cooldown does.  Until then the row refills
+ * nothing, and the slot refills instead, at the rate the row refilled at
+ * (rb_slot_accrue), from the time of the refill's write, once that write is
+ * durably committed.  Row and slot never refill at once, so together they
+ * refill at the rate, as the row alone would; the line stands still during
+ * the lease, so the slot's tokens last while it does, even in a bucket that
+ * stays full.  A crash loses what is left of the lease with the slot: the
+ * row, frozen, refills again when it ends.  A take that the row refuses
+ * during a lease is told when the slot will grant it, if that is sooner
+ * (rb_reserve_wait).
+ *
  * Transactions:
  *	  - a draw counts as drawn until its transaction ends: committed, the
  *		token is spent; rolled back (or its subtransaction), it returns to
@@ -88,6 +100,9 @@
 #define RB_REFILL_WAIT_MS 10
 #define RB_REFILL_WAITS 5
 
+/* The longest lease, in milliseconds. */
+#define RB_RESERVE_MAX_LEASE_MS 10000
+
 typedef struct RbReserveKey
 {
 	Oid			dbid;
@@ -114,7 +129,8 @@ typedef struct RbSlot
 	double		batch;
 	/* the row as the last committed refill wrote it (see above) */
 	double		line_tokens;
-	TimestampTz line_at;
+	TimestampTz line_at;		/* ahead of the clock: the lease's end */
+	TimestampTz accrued_at;		/* the lease's refill counted up to here */
 	/* what it was filled under: the request, and the limits it resolved to */
 	bool		from_config;
 	double		req_rate;
@@ -155,6 +171,7 @@ typedef struct RbAction
 	double		saved_tokens;
 	double		row_tokens;		/* refills: the row as written */
 	TimestampTz row_at;
+	TimestampTz written_at;		/* refills: when (a lease starts then) */
 } RbAction;
 
 /* This backend's map from endpoint to slot. */
@@ -166,6 +183,7 @@ typedef struct RbCacheEntry
 } RbCacheEntry;
 
 static int	rb_reserves_max = 1024;
+static int	rb_reserve_lease_ms = 50;
 static RbReserveShared *reserve_shared = NULL;
 static HTAB *reserve_index = NULL;
 static HTAB *reserve_cache = NULL;
@@ -258,6 +276,11 @@ rb_reserve_init(void)
 							"Each slot takes about 700 bytes of shared memory. 0 turns reserves off.",
 							&rb_reserves_max, 1024, 0, 1000000,
 							PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("ratebucket.reserve_lease",
+							"How long a refill of a token reserve leases its row's refill to the reserve.",
+							"Until then the row refills nothing and the reserve refills at the row's rate. 0 leases nothing.",
+							&rb_reserve_lease_ms, 50, 0, RB_RESERVE_MAX_LEASE_MS,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
 	if (rb_reserves_max == 0)
 		return;
 #if PG_VERSION_NUM >= 150000
@@ -350,12 +373,15 @@ rb_slot_drain(RbSlot *slot)
 	slot->tokens = 0.0;
 	slot->pending = 0.0;
 	slot->drawn = 0.0;
+	/* what is left of the lease is lost: the row refills after it */
+	slot->accrued_at = Max(slot->accrued_at, slot->line_at);
 }
 
 /*
  * The most the slot's row can hold at "now" (its line); mutex held.  The
  * row refills at its rate times the feedback's factor, never above 1, so
- * the rate the slot was filled under bounds it.
+ * the rate the slot was filled under bounds it; during a lease it does not
+ * refill.
  */
 static double
 rb_slot_row_most(const RbSlot *slot, TimestampTz now)
@@ -368,14 +394,34 @@ rb_slot_row_most(const RbSlot *slot, TimestampTz now)
 }
 
 /*
- * Let go of the tokens that would take the row and the slot together past
- * the capacity at "now" (the row refilled while they sat here); mutex held.
+ * Add what the lease refilled up to "now", at the rate the row refilled at
+ * when the lease was written; mutex held.
+ */
+static void
+rb_slot_accrue(RbSlot *slot, TimestampTz now)
+{
+	TimestampTz until = Min(now, slot->line_at);
+
+	if (until > slot->accrued_at)
+	{
+		slot->tokens += ((double) (until - slot->accrued_at) / USECS_PER_SEC) *
+			slot->effective_rate;
+		slot->accrued_at = until;
+	}
+}
+
+/*
+ * Bring the slot to "now": add what its lease refilled, then let go of the
+ * tokens that would take the row and the slot together past the capacity
+ * (the row refilled while they sat here, or the lease refilled the slot
+ * past what the row lacks); mutex held.
  */
 static void
 rb_slot_expire(RbSlot *slot, TimestampTz now)
 {
 	double		excess;
 
+	rb_slot_accrue(slot, now);
 	excess = rb_slot_row_most(slot, now) + slot->tokens + slot->pending -
 		slot->capacity;
 	if (excess > 0.0)
@@ -453,6 +499,9 @@ rb_slot_still_fits(const RbSlot *slot, const RbBucket *bucket,
 	if (bucket->rate != slot->rate || bucket->capacity != slot->capacity)
 		return false;
 	if (now->effective_rate < slot->effective_rate * (1.0 - 1e-9))
+		return false;
+	/* a refill time moved back into a lease would refill row and slot at once */
+	if (bucket->state.refilled_at < slot->line_at)
 		return false;
 	if (bucket->state.tokens >
 		rb_slot_row_most(slot, bucket->state.refilled_at) + cap * 1e-12)
@@ -668,13 +717,66 @@ rb_reserve_draw(text *endpoint, Oid relid, bool use_config, double rate,
 }
 
 /*
+ * rb_reserve_wait
+ *		A take of the endpoint that its row refused, told to wait "wait"
+ *		seconds: if the reserve, refilling under its lease, will hold what
+ *		the take asks before then (and before the lease ends), the seconds
+ *		until it does; else "wait".
+ */
+double
+rb_reserve_wait(text *endpoint, Oid relid, bool use_config, double rate,
+				double capacity, double want, int64 upto, double wait)
+{
+	char		name[RB_RESERVE_MAX_ENDPOINT + 1];
+	int			len = VARSIZE_ANY_EXHDR(endpoint);
+	RbCacheEntry *cached;
+	RbSlot	   *slot;
+	TimestampTz now;
+	double		need = upto > 0 ? 1.0 : want;
+	double		usecs = -1.0;
+
+	if (reserve_cache == NULL || hash_get_num_entries(reserve_cache) == 0 ||
+		len > RB_RESERVE_MAX_ENDPOINT)
+		return wait;
+	memcpy(name, VARDATA_ANY(endpoint), len);
+	name[len] = '\0';
+	cached = rb_cache_find(name, false);
+	if (cached == NULL)
+		return wait;
+	slot = &reserve_shared->slots[cached->slot];
+	now = GetCurrentTimestamp();
+	SpinLockAcquire(&slot->mutex);
+	if (slot->incarnation == cached->incarnation && slot->key.relid == relid &&
+		rb_slot_serves(slot, use_config, rate, capacity) &&
+		slot->effective_rate > 0.0 && now < slot->line_at &&
+		slot->accrued_at < slot->line_at)	/* a lease, not drained */
+	{
+		rb_slot_expire(slot, now);
+		/* during the lease the line stands still: so does the slot's room */
+		if (need <= slot->capacity - slot->line_tokens - slot->pending)
+		{
+			/* a microsecond more than the arithmetic asks: accrual rounds */
+			usecs = Max(1.0, ceil((need - slot->tokens) / slot->effective_rate *
+								  USECS_PER_SEC) + 1.0);
+			if ((double) now + usecs > (double) slot->line_at)
+				usecs = -1.0;
+		}
+	}
+	SpinLockRelease(&slot->mutex);
+	if (usecs >= 0.0 && usecs / USECS_PER_SEC < wait)
+		return usecs / USECS_PER_SEC;
+	return wait;
+}
+
+/*
  * rb_reserve_cut
  *		Before a granted take of a row with a reserve is written at "now":
  *		move up to a batch of the whole tokens the take left into the
- *		reserve (none if the endpoint is not in its steady state: paused,
- *		cooling down, breaker not closed).  The row also counts the draws
- *		committed since the last refill.  Returns the tokens moved; the
- *		caller hands them over (rb_reserve_hand) once the row is written.
+ *		reserve, and lease the row's refill to it (nothing, if the endpoint
+ *		is not in its steady state: paused, cooling down, breaker not
+ *		closed).  The row also counts the draws committed since the last
+ *		refill.  Returns the tokens moved; the caller hands them over
+ *		(rb_reserve_hand) once the row is written.
  */
 double
 rb_reserve_cut(RbBucket *bucket, TimestampTz now)
@@ -684,6 +786,7 @@ rb_reserve_cut(RbBucket *bucket, TimestampTz now)
 
 	bucket->reserve.saved_takes = 0;
 	bucket->reserve.saved_tokens = 0.0;
+	bucket->reserve.leased = false;
 	if (reserve_shared == NULL || !rb_has_reserve(bucket) ||
 		rb_is_quota(bucket))
 		return 0.0;
@@ -693,6 +796,16 @@ rb_reserve_cut(RbBucket *bucket, TimestampTz now)
 		return 0.0;
 	n = Min((double) bucket->reserve_batch, floor(bucket->state.tokens));
 	if (n < 1.0)
+		n = 0.0;
+	if (rb_reserve_lease_ms > 0)
+	{
+		TimestampTz until = now + (TimestampTz) rb_reserve_lease_ms * 1000;
+
+		bucket->reserve.leased = true;
+		if (until > bucket->state.refilled_at)
+			bucket->state.refilled_at = until;
+	}
+	if (n == 0.0 && !bucket->reserve.leased)
 		return 0.0;
 	bucket->state.tokens -= n;
 	if (bucket->reserve.found)
@@ -770,6 +883,7 @@ rb_slot_for(const RbReserveKey *key, TimestampTz now)
 	slot->last_refill_at = now;
 	slot->line_tokens = INFINITY;	/* the row may be full until a refill lands */
 	slot->line_at = 0;
+	slot->accrued_at = 0;
 	SpinLockRelease(&slot->mutex);
 	LWLockRelease(reserve_shared->lock);
 	return i;
@@ -828,7 +942,8 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 	if (reserve_shared == NULL || !rb_has_reserve(bucket))
 		return;
 	rb_reserve_make_durable();
-	if (tokens <= 0.0 || !rb_reserve_key(bucket->key, relid, &key))
+	if ((tokens <= 0.0 && !bucket->reserve.leased) ||
+		!rb_reserve_key(bucket->key, relid, &key))
 		return;
 	rb_bucket_now(bucket, now, &state);
 	rb_actions_make_room();
@@ -838,6 +953,8 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 	if (!rb_slot_serves(slot, use_config, req_rate, req_capacity) ||
 		slot->rate != bucket->rate || slot->capacity != bucket->capacity)
 		rb_slot_drain(slot);
+	/* what the lease refilled so far, at the rate it refilled at */
+	rb_slot_expire(slot, now);
 	rb_slot_describe(slot, bucket, use_config, req_rate, req_capacity,
 					 state.effective_rate);
 	slot->pending += tokens;
@@ -853,6 +970,7 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 	action.saved_tokens = bucket->reserve.saved_tokens;
 	action.row_tokens = bucket->state.tokens;
 	action.row_at = bucket->state.refilled_at;
+	action.written_at = now;
 	rb_action_add(&action);
 	rb_cache_remember(&key, i, action.incarnation);
 }
@@ -913,6 +1031,8 @@ rb_action_settle(const RbAction *a, bool commit, bool prepared, bool durable,
 			slot->pending -= a->tokens;
 			if (commit && !prepared && durable)
 			{
+				/* the slot as it stands under the line it had so far */
+				rb_slot_expire(slot, now);
 				slot->tokens += a->tokens;
 				slot->refills++;
 				slot->last_refill_at = now;
@@ -921,6 +1041,8 @@ rb_action_settle(const RbAction *a, bool commit, bool prepared, bool durable,
 					slot->line_tokens = a->row_tokens;
 					slot->line_at = a->row_at;
 				}
+				/* a lease refills the slot from the write on */
+				slot->accrued_at = Max(slot->accrued_at, a->written_at);
 			}
 			wake = true;
 		}
@@ -1072,11 +1194,13 @@ rb_reserve_list(Oid relid, RbReserveInfo **infos)
 {
 	int			n = 0;
 	int			i;
+	TimestampTz now;
 
 	*infos = NULL;
 	if (reserve_shared == NULL)
 		return 0;
 	*infos = palloc(sizeof(RbReserveInfo) * rb_reserves_max);
+	now = GetCurrentTimestamp();
 	LWLockAcquire(reserve_shared->lock, LW_SHARED);
 	for (i = 0; i < rb_reserves_max; i++)
 	{
@@ -1085,7 +1209,10 @@ rb_reserve_list(Oid relid, RbReserveInfo **infos)
 		SpinLockAcquire(&slot->mutex);
 		if (slot->incarnation != 0 && slot->key.dbid == MyDatabaseId &&
 			slot->key.relid == relid)
+		{
+			rb_slot_expire(slot, now);
 			rb_slot_info(slot, &(*infos)[n++]);
+		}
 		SpinLockRelease(&slot->mutex);
 	}
 	LWLockRelease(reserve_shared->lock);

@@ -50,6 +50,9 @@ extern bool rb_reserve_draw(text *endpoint, Oid relid, bool use_config,
 							double rate, double capacity, double want,
 							int64 upto, bool nowait, double *granted,
 							double *remaining);
+extern double rb_reserve_wait(text *endpoint, Oid relid, bool use_config,
+							  double rate, double capacity, double want,
+							  int64 upto, double wait);
 extern double rb_reserve_cut(RbBucket *bucket, TimestampTz now);
 extern void rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens,
 							bool use_config, double req_rate,

@@ -203,6 +203,12 @@ rb_engine_take(text *endpoint, const RbTakeRequest *req, double *granted)
 		!rb_take_cached_stripes(endpoint, req, &result, granted) &&
 		!rb_take_optimistic(endpoint, req, &result, granted))
 		rb_take_locked_way(endpoint, req, &result, granted);
+	/* a row that leased its refill to the reserve: which grants sooner */
+	if (!result.allowed && result.wait_seconds > 0.0)
+		result.wait_seconds = rb_reserve_wait(endpoint, rb_storage_relid(),
+											  req->use_config, req->rate,
+											  req->capacity, req->want,
+											  req->upto, result.wait_seconds);
 	rb_storage_end(&session);
 	return result;
 }

@@ -50,7 +50,8 @@ my $node = start_node('reserve',
 	conf => "max_connections = 40\nsynchronous_commit = off\n");
 # 'hot' refills at 1/s: its reserve's tokens stay drawable while the
 # checks below run (a row that refills past capacity less the reserve
-# takes them back).
+# takes them back), and its lease adds less than a token to them (what the
+# checks show is floored).
 $node->safe_psql('postgres', q{SELECT ratebucket.bucket_configure('hot', 1, 200)});
 my ($ret, $out, $err) = $node->psql('postgres', q{
 \set VERBOSITY verbose
@@ -73,11 +74,11 @@ is($node->safe_psql('postgres', q{SELECT ratebucket.bucket_reserve('hot', 50) IS
 	't', 'preloaded: bucket_reserve gives the endpoint a reserve (it had none)');
 is($node->safe_psql('postgres', q{SELECT allowed, remaining FROM ratebucket.bucket_take('hot', 100)}),
 	't|50', 'the first take goes through the row and moves a batch of 50 to the reserve');
-is($node->safe_psql('postgres', q{SELECT tokens, pending, drawn, batch, refills FROM ratebucket.bucket_reserves()}),
+is($node->safe_psql('postgres', q{SELECT floor(tokens), pending, drawn, batch, refills FROM ratebucket.bucket_reserves()}),
 	'50|0|0|50|1', 'the reserve holds the batch, committed');
 my $xmin = $node->safe_psql('postgres', q{SELECT xmin FROM ratebucket.buckets WHERE endpoint = 'hot'});
 is($node->safe_psql('postgres',
-		q{SELECT allowed, remaining FROM ratebucket.bucket_take('hot');} x 5),
+		q{SELECT allowed, floor(remaining) FROM ratebucket.bucket_take('hot');} x 5),
 	"t|49\nt|48\nt|47\nt|46\nt|45", 'five takes draw from the reserve');
 is($node->safe_psql('postgres', q{SELECT xmin FROM ratebucket.buckets WHERE endpoint = 'hot'}),
 	$xmin, 'the draws left the row as it was');
@@ -86,7 +87,7 @@ BEGIN;
 SELECT allowed FROM ratebucket.bucket_take('hot');
 SELECT drawn FROM ratebucket.bucket_reserves();
 ROLLBACK;
-SELECT tokens || ' ' || drawn || ' ' || draws FROM ratebucket.bucket_reserves();}),
+SELECT floor(tokens) || ' ' || drawn || ' ' || draws FROM ratebucket.bucket_reserves();}),
 	"t\n1\n45 0 5", 'a take that rolls back is drawn until then, and its token goes back');
 is($node->safe_psql('postgres', q{
 BEGIN;
@@ -95,7 +96,7 @@ SELECT allowed FROM ratebucket.bucket_take('hot');
 ROLLBACK TO a;
 SELECT allowed FROM ratebucket.bucket_take('hot');
 COMMIT;
-SELECT tokens || ' ' || drawn || ' ' || draws FROM ratebucket.bucket_reserves();}),
+SELECT floor(tokens) || ' ' || drawn || ' ' || draws FROM ratebucket.bucket_reserves();}),
 	"t\nt\n44 0 6", 'a rolled-back savepoint gives its draw back, the committed one is spent');
 
 ($ret, $out, $err) = $node->psql('postgres', q{
@@ -103,7 +104,7 @@ SELECT tokens || ' ' || drawn || ' ' || draws FROM ratebucket.bucket_reserves();
 BEGIN READ ONLY;
 SELECT allowed FROM ratebucket.bucket_take('hot');});
 like($err, qr/ERROR:  25006:/, 'a take in a read-only transaction is refused (25006), reserve or not');
-is($node->safe_psql('postgres', q{SELECT tokens || ' ' || drawn FROM ratebucket.bucket_reserves()}),
+is($node->safe_psql('postgres', q{SELECT floor(tokens) || ' ' || drawn FROM ratebucket.bucket_reserves()}),
 	'44 0', 'and draws nothing');
 
 # An endpoint idle beside a full reserve: its row refills meanwhile, and
@@ -140,6 +141,74 @@ SELECT allowed FROM ratebucket.bucket_take('$endpoint');};
 			$how, $granted, $span, $bound));
 	$node->safe_psql('postgres', qq{SELECT ratebucket.bucket_reserve('$endpoint', NULL)});
 }
+
+# ---------------------------------------------------------------- lease --
+# A refill leases the row's refill to the reserve, for
+# ratebucket.reserve_lease (1 s here): the row's refill time moves ahead,
+# the row refills nothing until then, and the reserve refills at the rate
+# instead, up to what the row lacks below the capacity.
+sub set_lease
+{
+	my ($value) = @_;
+	$node->safe_psql('postgres', ($value eq 'default'
+		? q{ALTER SYSTEM RESET ratebucket.reserve_lease}
+		: qq{ALTER SYSTEM SET ratebucket.reserve_lease = '$value'}) . q{;
+SELECT pg_reload_conf()});
+	my $want = $value eq 'default' ? '50ms' : $value;
+	$node->poll_query_until('postgres',
+		qq{SELECT current_setting('ratebucket.reserve_lease') = '$want'})
+	  or die "ratebucket.reserve_lease did not become $want";
+}
+set_lease('1s');
+
+# A bucket that stays full: 10 of its 1000 tokens in the reserve, and the
+# row, at 1000/s, would have its token back within a millisecond.  Leased,
+# the row stands still and the reserve's tokens stay drawable.
+$node->safe_psql('postgres', q{
+SELECT ratebucket.bucket_configure('full', 1000, 1000);
+SELECT ratebucket.bucket_reserve('full', 10);
+SELECT allowed FROM ratebucket.bucket_take('full');});
+my ($lease_left) = query_row($node, q{SELECT extract(epoch FROM refilled_at - clock_timestamp()) FROM ratebucket.buckets WHERE endpoint = 'full'});
+ok($lease_left > 0.5 && $lease_left <= 1.0,
+	"a refill moves the row's refill time ahead by the lease ($lease_left s left)");
+$xmin = $node->safe_psql('postgres', q{SELECT xmin FROM ratebucket.buckets WHERE endpoint = 'full'});
+Time::HiRes::sleep(0.2);
+is($node->safe_psql('postgres', q{
+SELECT string_agg(CASE WHEN (t).allowed THEN 't' ELSE 'f' END, '')
+FROM (SELECT ratebucket.bucket_take('full') AS t FROM generate_series(1, 5) OFFSET 0) AS s;
+SELECT refills || ' ' || draws FROM ratebucket.bucket_reserves() WHERE endpoint = 'full';
+SELECT xmin = '} . $xmin . q{' FROM ratebucket.buckets WHERE endpoint = 'full';}),
+	"ttttt
+1 5
+t", 'in a full bucket the leased reserve still grants, 0.2 s later, without a row write');
+
+# A bucket kept empty: the first take moves all 99 tokens left to the
+# reserve; the row holds none and refills none during the lease, while the
+# reserve refills at 100/s.  A take refused then is told when the reserve
+# will have its token, not when the lease ends.
+$node->safe_psql('postgres', q{
+SELECT ratebucket.bucket_configure('empty', 100, 100);
+SELECT ratebucket.bucket_reserve('empty', 100);
+SELECT allowed FROM ratebucket.bucket_take('empty');});
+$xmin = $node->safe_psql('postgres', q{SELECT xmin FROM ratebucket.buckets WHERE endpoint = 'empty'});
+my ($drained, $refused_wait) = query_row($node, q{
+SELECT count(*) FILTER (WHERE (t).allowed) >= 99, max((t).wait_seconds) FILTER (WHERE NOT (t).allowed)
+FROM (SELECT ratebucket.bucket_take('empty') AS t FROM generate_series(1, 150) OFFSET 0) AS s});
+my $refused_at = Time::HiRes::time();
+ok($drained eq 't' && defined $refused_wait && $refused_wait > 0 && $refused_wait <= 0.0101,
+	"a take refused by the leased row waits for the reserve's next token (at most " . ($refused_wait // 'none') . " s; one token is 0.01 s)");
+Time::HiRes::sleep(0.3);
+my ($regained, $row_tokens, $same_row) = query_row($node, q{
+SELECT (SELECT count(*) FILTER (WHERE (t).allowed)
+        FROM (SELECT ratebucket.bucket_take('empty') AS t FROM generate_series(1, 60) OFFSET 0) AS s),
+       (SELECT floor(tokens) FROM ratebucket.bucket_status WHERE endpoint = 'empty'),
+       (SELECT xmin = '} . $xmin . q{' FROM ratebucket.buckets WHERE endpoint = 'empty')});
+my $refill_most = 1 + 100 * (Time::HiRes::time() - $refused_at);
+ok($regained >= 25 && $regained <= $refill_most && $row_tokens == 0 && $same_row eq 't',
+	sprintf('0.3 s later the reserve grants what 100/s refilled (%d, at most %.1f), the row still holds none and was not written',
+		$regained, $refill_most));
+$node->safe_psql('postgres', q{SELECT ratebucket.bucket_reserve(e, NULL) FROM unnest(ARRAY['full', 'empty']) AS e});
+set_lease('default');
 
 # bad input: its SQLSTATE, nothing changed
 $node->safe_psql('postgres', q{
