@@ -143,6 +143,37 @@ SET enable_seqscan = off;
 SELECT count(*) AS found_by_index FROM ratebucket.buckets WHERE endpoint = 'st:many';
 RESET enable_seqscan;
 
+-- Where rows were found: a lookup starts where it found the endpoint's row
+-- last time, and goes through the index whenever that place no longer leads
+-- to it.  (1) The place truncated away: every row dropped, VACUUM truncates
+-- the table to nothing, and the endpoint's take reads no block past its end.
+SELECT count(*) AS filled
+FROM (SELECT ratebucket.bucket_take('st:fill:' || g, 0.000001, 5)
+	  FROM generate_series(1, 200) AS g) AS t;
+SELECT allowed FROM ratebucket.bucket_take('st:last', 0.000001, 5);
+SELECT allowed FROM ratebucket.bucket_take('st:last', 0.000001, 5);
+SELECT (ctid::text::point)[0] > 0 AS past_the_first_page
+FROM ratebucket.buckets WHERE endpoint = 'st:last';
+SELECT count(*) > 0 AS dropped
+FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
+VACUUM ratebucket.buckets;
+SELECT pg_relation_size('ratebucket.buckets') AS bytes_left;
+SELECT allowed, round(remaining::numeric, 3) AS remaining
+FROM ratebucket.bucket_take('st:last', 0.000001, 5);
+-- (2) The place reused by another endpoint's row: the endpoint is compared,
+-- the other row is left as it was, and the endpoint gets a row of its own.
+SELECT ctid AS first_place FROM ratebucket.buckets WHERE endpoint = 'st:last' \gset
+SELECT allowed FROM ratebucket.bucket_take('st:last', 0.000001, 5);
+SELECT ratebucket.bucket_drop('st:last');
+VACUUM ratebucket.buckets;
+SELECT allowed FROM ratebucket.bucket_take('st:other', 0.000001, 5);
+SELECT ctid = :'first_place' AS other_in_its_place
+FROM ratebucket.buckets WHERE endpoint = 'st:other';
+SELECT allowed, round(remaining::numeric, 3) AS remaining
+FROM ratebucket.bucket_take('st:last', 0.000001, 5);
+SELECT endpoint, round(tokens::numeric, 3) AS tokens, takes_granted
+FROM ratebucket.buckets ORDER BY endpoint;
+
 DROP TABLE storage_log;
 DROP FUNCTION storage_log_row();
 DROP FUNCTION storage_story(text);

@@ -14,6 +14,10 @@
  * REPEATABLE READ's serialization failures, SSI's predicate locks and WAL
  * are PostgreSQL's own.
  *
+ * A lookup first tries where the endpoint's row was found last time (see
+ * "Where rows were found" below), and goes through the index when that
+ * does not lead to the row.
+ *
  * It is used only for a table shaped as the extension created it: a heap
  * table with no triggers (a foreign key to it adds some), no rules, no row
  * security, no inheritance children, and one index, the btree primary key
@@ -27,6 +31,7 @@
 
 #include "access/genam.h"
 #include "access/heapam.h"
+#include "access/hash.h"
 #include "access/htup_details.h"
 #include "access/relscan.h"
 #include "access/stratnum.h"
@@ -42,6 +47,7 @@
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "utils/fmgroids.h"
+#include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -86,6 +92,74 @@ typedef struct RbReadRow
 static RbReadRow *read_rows = NULL;
 static int	read_count = 0;
 static int	read_size = 0;
+
+/*
+ * Where rows were found.  For each endpoint this backend has found through
+ * the index, the heap position the index entry gave: the start of the
+ * row's chain of versions, which stays the row's entry point for as long
+ * as its updates are HOT, that is for most of its life (the table's
+ * fillfactor leaves them room).  A lookup starts there and skips the index
+ * descent, and goes through the index as before whenever the position no
+ * longer leads to a version of this endpoint's row that the snapshot sees:
+ * the row was updated onto another page, deleted, the line pointer reused
+ * by another row (the endpoint is compared), the page truncated away.
+ *
+ * The entries are keyed by a hash of the endpoint alone; two endpoints with
+ * the same hash share an entry, and the comparison of the endpoint tells
+ * them apart.  Nothing else needs to forget a position: whatever happened
+ * to the table since (VACUUM, a new file from VACUUM FULL, CLUSTER or
+ * TRUNCATE), a position leads to this endpoint's row or the lookup goes
+ * through the index.  At most RB_FOUND_MAX entries (about 48 bytes each);
+ * beyond, the table starts afresh, as it does for another table.  Not used
+ * under SERIALIZABLE, where the index scan's predicate locks matter.
+ */
+#define RB_FOUND_MAX 65536
+
+typedef struct RbFoundEntry
+{
+	uint32		hash;			/* the key: hash_any of the endpoint */
+	ItemPointerData root;		/* the index entry's heap position */
+} RbFoundEntry;
+
+static HTAB *found_rows = NULL;
+static Oid	found_relid = InvalidOid;
+
+static void
+rb_found_reset(void)
+{
+	if (found_rows != NULL)
+		hash_destroy(found_rows);
+	found_rows = NULL;
+}
+
+static uint32
+rb_endpoint_hash(text *endpoint)
+{
+	return DatumGetUInt32(hash_any((const unsigned char *) VARDATA_ANY(endpoint),
+								   VARSIZE_ANY_EXHDR(endpoint)));
+}
+
+/* Remember that the endpoint's row was reached through "root". */
+static void
+rb_found_remember(uint32 hash, ItemPointer root)
+{
+	RbFoundEntry *entry;
+
+	if (found_rows != NULL && hash_get_num_entries(found_rows) >= RB_FOUND_MAX)
+		rb_found_reset();
+	if (found_rows == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(uint32);
+		ctl.entrysize = sizeof(RbFoundEntry);
+		ctl.hcxt = TopMemoryContext;
+		found_rows = hash_create("ratebucket found rows", 1024, &ctl,
+								 HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	entry = hash_search(found_rows, &hash, HASH_ENTER, NULL);
+	entry->root = *root;
+}
 
 /* Forget the shape when the table's (or any) relcache entry goes. */
 static void
@@ -182,6 +256,11 @@ rb_direct_begin(Oid relid, const RbDirectColumn *columns, int ncolumns,
 		return false;
 	if (shape != RB_SHAPE_UNKNOWN && shape_relid != relid)
 		shape = RB_SHAPE_UNKNOWN;
+	if (found_relid != relid)
+	{
+		rb_found_reset();
+		found_relid = relid;
+	}
 	if (shape == RB_SHAPE_UNUSABLE)
 		return false;
 
@@ -332,6 +411,87 @@ rb_direct_lock_slot(TupleTableSlot *slot, Snapshot snapshot, RbDirectMode mode)
 }
 
 /*
+ * The version of the endpoint's row that "snapshot" sees, found through the
+ * index, into "slot"; *root is the index entry's heap position.  False if
+ * there is none.
+ */
+static bool
+rb_direct_fetch_indexed(text *endpoint, Snapshot snapshot,
+						TupleTableSlot *slot, ItemPointer root)
+{
+	IndexScanDesc scan;
+	ScanKeyData key;
+	bool		found;
+
+	ScanKeyEntryInitialize(&key, 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   index_rel->rd_indcollation[0], F_TEXTEQ,
+						   PointerGetDatum(endpoint));
+#if PG_VERSION_NUM >= 180000
+	scan = index_beginscan(heap_rel, index_rel, snapshot, NULL, 1, 0);
+#else
+	scan = index_beginscan(heap_rel, index_rel, snapshot, 1, 0);
+#endif
+	index_rescan(scan, &key, 1, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (found)
+		*root = scan->xs_heaptid;
+	index_endscan(scan);
+	return found;
+}
+
+/*
+ * The version of the endpoint's row that "snapshot" sees, found from where
+ * the row was last found (see "Where rows were found"), into "slot", as an
+ * index scan fetches the heap tuple an index entry points to.  False if
+ * that position is unknown or does not lead to it: the index then finds
+ * the row, or that there is none.
+ */
+static bool
+rb_direct_fetch_found(text *endpoint, uint32 hash, Snapshot snapshot,
+					  TupleTableSlot *slot)
+{
+	RbFoundEntry *entry;
+	IndexFetchTableData *fetch;
+	ItemPointerData root;
+	bool		call_again = false;
+	bool		all_dead = false;
+	bool		found;
+	Datum		key;
+	bool		isnull;
+	text	   *stored;
+
+	if (found_rows == NULL)
+		return false;
+	entry = hash_search(found_rows, &hash, HASH_FIND, NULL);
+	if (entry == NULL)
+		return false;
+	root = entry->root;
+	/* a block VACUUM truncated away is not there to read */
+	if (ItemPointerGetBlockNumber(&root) >= RelationGetNumberOfBlocks(heap_rel))
+		return false;
+
+	fetch = table_index_fetch_begin(heap_rel);
+	found = table_index_fetch_tuple(fetch, &root, snapshot, slot, &call_again,
+									&all_dead);
+	table_index_fetch_end(fetch);
+	if (!found)
+		return false;
+
+	/*
+	 * The line pointer may have been reused by another endpoint's row.  The
+	 * bytes are compared: a collation that calls other bytes equal only
+	 * sends the lookup through the index.
+	 */
+	key = slot_getattr(slot, shape_endpoint_attno, &isnull);
+	if (isnull)
+		return false;
+	stored = DatumGetTextPP(key);
+	return VARSIZE_ANY_EXHDR(stored) == VARSIZE_ANY_EXHDR(endpoint) &&
+		memcmp(VARDATA_ANY(stored), VARDATA_ANY(endpoint),
+			   VARSIZE_ANY_EXHDR(endpoint)) == 0;
+}
+
+/*
  * rb_direct_find
  *		Find the endpoint's row and, as "mode" asks, lock it: the work of
  *		one SELECT ... WHERE endpoint = $1 [FOR NO KEY UPDATE [SKIP LOCKED]].
@@ -353,11 +513,12 @@ rb_direct_find(text *endpoint, RbDirectMode mode, ItemPointer tid,
 			   Datum *values, bool *nulls)
 {
 	Snapshot	snapshot;
-	IndexScanDesc scan;
-	ScanKeyData key;
 	TupleTableSlot *slot;
 	MemoryContext oldcxt;
 	RbFindResult found = RB_NOT_FOUND;
+	ItemPointerData root;
+	uint32		hash;
+	bool		use_found;
 
 	Assert(heap_rel != NULL);
 
@@ -368,18 +529,16 @@ rb_direct_find(text *endpoint, RbDirectMode mode, ItemPointer tid,
 
 	oldcxt = MemoryContextSwitchTo(direct_cxt);
 	slot = table_slot_create(heap_rel, NULL);
-	ScanKeyEntryInitialize(&key, 0, 1, BTEqualStrategyNumber, InvalidOid,
-						   index_rel->rd_indcollation[0], F_TEXTEQ,
-						   PointerGetDatum(endpoint));
-#if PG_VERSION_NUM >= 180000
-	scan = index_beginscan(heap_rel, index_rel, snapshot, NULL, 1, 0);
-#else
-	scan = index_beginscan(heap_rel, index_rel, snapshot, 1, 0);
-#endif
-	index_rescan(scan, &key, 1, NULL, 0);
-	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	use_found = !IsolationIsSerializable();
+	hash = rb_endpoint_hash(endpoint);
+	if (use_found && rb_direct_fetch_found(endpoint, hash, snapshot, slot))
 		found = RB_FOUND;
-	index_endscan(scan);
+	else if (rb_direct_fetch_indexed(endpoint, snapshot, slot, &root))
+	{
+		found = RB_FOUND;
+		if (use_found)
+			rb_found_remember(hash, &root);
+	}
 
 	if (found == RB_FOUND && mode != RB_DIRECT_PEEK)
 		found = rb_direct_lock_slot(slot, snapshot, mode);
