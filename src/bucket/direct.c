@@ -432,9 +432,28 @@ rb_direct_fetch_indexed(text *endpoint, Snapshot snapshot,
 	scan = index_beginscan(heap_rel, index_rel, snapshot, 1, 0);
 #endif
 	index_rescan(scan, &key, 1, NULL, 0);
-	found = index_getnext_slot(scan, ForwardScanDirection, slot);
-	if (found)
-		*root = scan->xs_heaptid;
+
+	/*
+	 * index_getnext_slot, taking the index entry's position before the heap
+	 * fetch moves it along the chain to the version it finds.
+	 */
+	found = false;
+	for (;;)
+	{
+		if (!scan->xs_heap_continue)
+		{
+			ItemPointer entry = index_getnext_tid(scan, ForwardScanDirection);
+
+			if (entry == NULL)
+				break;
+			*root = *entry;
+		}
+		if (index_fetch_heap(scan, slot))
+		{
+			found = true;
+			break;
+		}
+	}
 	index_endscan(scan);
 	return found;
 }
