@@ -46,6 +46,7 @@
 #include "parser/parse_relation.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
+#include "storage/smgr.h"
 #include "utils/fmgroids.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
@@ -459,6 +460,27 @@ rb_direct_fetch_indexed(text *endpoint, Snapshot snapshot,
 }
 
 /*
+ * The table's size in blocks, or fewer.  smgrnblocks asks the kernel
+ * (lseek) and leaves the answer in the relation's storage manager entry;
+ * that entry forgets it when the relation is truncated (smgrtruncate sets
+ * it to the new size in the backend that truncates, and the invalidation
+ * that truncation sends before it releases its lock resets it in every
+ * other backend, which processes it when it next locks the table).  While
+ * the answer stands, the table has at least that many blocks, and no
+ * lookup pays for a system call.
+ */
+static BlockNumber
+rb_direct_blocks(void)
+{
+	SMgrRelation smgr = RelationGetSmgr(heap_rel);
+	BlockNumber known = smgr->smgr_cached_nblocks[MAIN_FORKNUM];
+
+	if (known != InvalidBlockNumber)
+		return known;
+	return smgrnblocks(smgr, MAIN_FORKNUM);
+}
+
+/*
  * The version of the endpoint's row that "snapshot" sees, found from where
  * the row was last found (see "Where rows were found"), into "slot", as an
  * index scan fetches the heap tuple an index entry points to.  False if
@@ -486,7 +508,7 @@ rb_direct_fetch_found(text *endpoint, uint32 hash, Snapshot snapshot,
 		return false;
 	root = entry->root;
 	/* a block VACUUM truncated away is not there to read */
-	if (ItemPointerGetBlockNumber(&root) >= RelationGetNumberOfBlocks(heap_rel))
+	if (ItemPointerGetBlockNumber(&root) >= rb_direct_blocks())
 		return false;
 
 	fetch = table_index_fetch_begin(heap_rel);
