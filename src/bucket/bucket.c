@@ -132,6 +132,23 @@ rb_bucket_capacity_now(const RbBucket *bucket, TimestampTz now)
 }
 
 /*
+ * rb_bucket_rate_now
+ *		The rate the row's limits (and its feedback) refill it at, at "now":
+ *		for the take that last wrote the row, its own rate times the
+ *		feedback's factor, with the policy resolved against that rate as
+ *		rb_bucket_decide resolves it (not against the configured ceiling,
+ *		which a take with lower limits of its own does not refill at).
+ */
+double
+rb_bucket_rate_now(const RbBucket *bucket, TimestampTz now)
+{
+	RbPolicy	policy;
+
+	rb_bucket_policy(bucket, bucket->rate, &policy);
+	return bucket->rate * rb_factor_now(&bucket->adapt, &policy, now);
+}
+
+/*
  * rb_bucket_hold_out
  *		"held" of the bucket's tokens are kept outside its row (a reserve,
  *		bucket/reserve.c): bank the row up to "now", then cap its tokens so

@@ -138,6 +138,7 @@ extern void rb_bucket_policy(const RbBucket *bucket, double ceiling,
 							 RbPolicy *policy);
 extern void rb_bucket_bank(RbBucket *bucket, TimestampTz now);
 extern double rb_bucket_capacity_now(const RbBucket *bucket, TimestampTz now);
+extern double rb_bucket_rate_now(const RbBucket *bucket, TimestampTz now);
 extern void rb_bucket_hold_out(RbBucket *bucket, double held, TimestampTz now);
 extern void rb_bucket_quota_window(const RbBucket *bucket, TimestampTz at,
 								   TimestampTz *start, TimestampTz *end);

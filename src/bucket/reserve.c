@@ -137,7 +137,7 @@ typedef struct RbSlot
 	double		req_capacity;
 	double		rate;
 	double		capacity;
-	double		effective_rate;
+	double		effective_rate; /* the row's, for that take: the lease's */
 	/* committed draws the row has not counted yet */
 	int64		unsaved_takes;
 	double		unsaved_tokens;
@@ -486,10 +486,13 @@ rb_reserve_read(RbBucket *bucket, Oid relid)
 		rb_bucket_hold_out(bucket, held, now);
 }
 
-/* May the slot's tokens still be drawn after this write of its row? */
+/*
+ * May the slot's tokens still be drawn after this write of its row, which
+ * refills it at "rate" and holds at most "cap" now?
+ */
 static bool
 rb_slot_still_fits(const RbSlot *slot, const RbBucket *bucket,
-				   const RbBucketNow *now, double cap)
+				   const RbBucketNow *now, double rate, double cap)
 {
 	if (!rb_has_reserve(bucket))
 		return false;
@@ -498,7 +501,7 @@ rb_slot_still_fits(const RbSlot *slot, const RbBucket *bucket,
 		return false;
 	if (bucket->rate != slot->rate || bucket->capacity != slot->capacity)
 		return false;
-	if (now->effective_rate < slot->effective_rate * (1.0 - 1e-9))
+	if (rate < slot->effective_rate * (1.0 - 1e-9))
 		return false;
 	/* a refill time moved back into a lease would refill row and slot at once */
 	if (bucket->state.refilled_at < slot->line_at)
@@ -521,6 +524,7 @@ rb_reserve_written(const RbBucket *bucket)
 	RbSlot	   *slot;
 	RbBucketNow now;
 	TimestampTz at;
+	double		rate;
 	double		cap;
 	bool		drained = false;
 
@@ -528,11 +532,12 @@ rb_reserve_written(const RbBucket *bucket)
 		return;
 	at = GetCurrentTimestamp();
 	rb_bucket_now(bucket, at, &now);
+	rate = rb_bucket_rate_now(bucket, at);
 	cap = rb_bucket_capacity_now(bucket, at);
 	slot = &reserve_shared->slots[bucket->reserve.slot];
 	SpinLockAcquire(&slot->mutex);
 	if (slot->incarnation == bucket->reserve.incarnation &&
-		!rb_slot_still_fits(slot, bucket, &now, cap))
+		!rb_slot_still_fits(slot, bucket, &now, rate, cap))
 	{
 		rb_slot_drain(slot);
 		drained = true;
@@ -936,7 +941,7 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 	RbReserveKey key;
 	RbAction	action = {0};
 	RbSlot	   *slot;
-	RbBucketNow state;
+	double		rate;
 	int			i;
 
 	if (reserve_shared == NULL || !rb_has_reserve(bucket))
@@ -945,7 +950,14 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 	if ((tokens <= 0.0 && !bucket->reserve.leased) ||
 		!rb_reserve_key(bucket->key, relid, &key))
 		return;
-	rb_bucket_now(bucket, now, &state);
+
+	/*
+	 * The lease refills the slot at the rate the row would have refilled at
+	 * for this take: its own limits (written in the row), not the
+	 * configured ceiling, which a take with lower limits of its own never
+	 * refills at.
+	 */
+	rate = rb_bucket_rate_now(bucket, now);
 	rb_actions_make_room();
 	i = rb_slot_for(&key, now);
 	slot = &reserve_shared->slots[i];
@@ -955,8 +967,7 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 		rb_slot_drain(slot);
 	/* what the lease refilled so far, at the rate it refilled at */
 	rb_slot_expire(slot, now);
-	rb_slot_describe(slot, bucket, use_config, req_rate, req_capacity,
-					 state.effective_rate);
+	rb_slot_describe(slot, bucket, use_config, req_rate, req_capacity, rate);
 	slot->pending += tokens;
 	action.incarnation = slot->incarnation;
 	action.generation = slot->generation;

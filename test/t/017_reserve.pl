@@ -8,6 +8,9 @@
 #                     and leave the row as it was (same xmin); a take that
 #                     rolls back, or whose savepoint does, gives its token
 #                     back; bad input gets its SQLSTATE and changes nothing.
+#   Lease             a refill moves the row's refill time ahead and the
+#                     reserve refills meanwhile, at the rate of the takes
+#                     that filled it (a take's own, if it gives limits).
 #   Interleavings     the isolation specs of test/isolation/reserve, run
 #                     against this preloaded server.
 #   Feedback          a 429 empties the reserve at once, and the next take is
@@ -208,7 +211,65 @@ ok($regained >= 25 && $regained <= $refill_most && $row_tokens == 0 && $same_row
 	sprintf('0.3 s later the reserve grants what 100/s refilled (%d, at most %.1f), the row still holds none and was not written',
 		$regained, $refill_most));
 $node->safe_psql('postgres', q{SELECT ratebucket.bucket_reserve(e, NULL) FROM unnest(ARRAY['full', 'empty']) AS e});
+
+# A reserve filled by takes that give their own limits (10/s, burst 10, on
+# an endpoint configured at 1000/s) refills at the take's rate, not at the
+# configuration's.  Ten takes empty row and reserve (a refill of 5, then of
+# the 3 the row has left); the next is refused and told when the reserve,
+# refilling at 10/s, will have its token (at most 0.1 s, less what it
+# refilled since: not the row's wait, past the lease's end), and is granted
+# then, with the row still leased.
+$node->safe_psql('postgres', q{
+SELECT ratebucket.bucket_configure('own', 1000, 100);
+SELECT ratebucket.bucket_reserve('own', 5);});
+my @own = map { [ split /\|/ ] } split /\n/, $node->safe_psql('postgres',
+	q{SELECT allowed, wait_seconds, extract(epoch FROM statement_timestamp()), extract(epoch FROM clock_timestamp()) FROM ratebucket.bucket_take('own', 10, 10);} x 15);
+my $own_granted = grep { $_->[0] eq 't' } @own;
+my ($own_refused) = grep { $_->[0] eq 'f' } @own;
+my $own_span = $own[-1][3] - $own[0][2];
+ok(@own == 15 && $own_granted >= 10 && $own_granted <= 10 + 10 * $own_span + 1e-6,
+	sprintf('takes with their own limits (10/s, burst 10) get %d of 15 in %.3f s from row and reserve (at most %.2f)',
+		$own_granted, $own_span, 10 + 10 * $own_span));
+my $own_wait = $own_refused ? $own_refused->[1] : -1;
+ok($own_wait >= 0.1 - $own_span - 1e-3 && $own_wait <= 0.1 + 1e-5,
+	"the first take refused is told when the reserve, at the take's 10/s, has its next token ($own_wait s)");
+Time::HiRes::sleep($own_wait) if $own_wait > 0;
+is($node->safe_psql('postgres', q{
+SELECT allowed FROM ratebucket.bucket_take('own', 10, 10);
+SELECT draws > 8 FROM ratebucket.bucket_reserves() WHERE endpoint = 'own';
+SELECT refilled_at > clock_timestamp() FROM ratebucket.buckets WHERE endpoint = 'own';}),
+	"t\nt\nt", 'and after that wait the reserve grants it, the row still leased');
+$node->safe_psql('postgres', q{SELECT ratebucket.bucket_reserve('own', NULL)});
 set_lease('default');
+
+# The same with the default lease, one client taking as fast as it can for
+# 2 s: the grants it records stay within 10/s and a burst of 10 over every
+# window, and take most of that bound.
+$node->safe_psql('postgres', q{
+SELECT ratebucket.bucket_configure('own_load', 1000, 100);
+SELECT ratebucket.bucket_reserve('own_load', 5);
+CREATE TABLE grants_own (lo timestamptz NOT NULL DEFAULT statement_timestamp(),
+                         hi timestamptz NOT NULL DEFAULT clock_timestamp());});
+$node->pgbench(
+	'-n -M prepared -c 1 -j 1 -T 2',
+	0,
+	[ qr{number of failed transactions: 0 \(0\.000%\)} ],
+	[ qr{^$} ],
+	'one client takes with its own limits from an endpoint with a reserve: no error',
+	{
+		'001_take_own' => q{
+INSERT INTO grants_own SELECT FROM ratebucket.bucket_take('own_load', 10, 10) WHERE allowed;
+},
+	},
+	'postgres');
+my ($own_excess, $own_recorded) = window_excess_bracketed($node, 'grants_own', 10);
+my ($own_busy) = query_row($node, q{SELECT extract(epoch FROM max(hi) - min(lo)) FROM grants_own});
+ok($own_excess <= 10 + 1 + 1e-6,
+	sprintf('takes with their own limits: every window holds at most %.2f of the %d grants above 10/s (burst 10, 1 of slack)',
+		$own_excess, $own_recorded));
+ok($own_recorded >= 0.9 * (10 * $own_busy + 10),
+	sprintf('and they get %d of the %.1f the bound allows over %.3f s', $own_recorded, 10 * $own_busy + 10, $own_busy));
+$node->safe_psql('postgres', q{SELECT ratebucket.bucket_reserve('own_load', NULL)});
 
 # bad input: its SQLSTATE, nothing changed
 $node->safe_psql('postgres', q{
