@@ -22,8 +22,9 @@
  * the slot also knows the row as the last committed refill wrote it (its
  * "line": tokens at a time, growing at the rate up to the capacity), and a
  * draw first lets go of the slot's tokens that would take the row and the
- * slot together past the capacity (rb_slot_expire): an endpoint that sits
- * idle with tokens in its reserve finds them back in its row, not twice.
+ * slot together past the capacity in force, which feedback and a burst the
+ * destination published lower (rb_slot_expire): an endpoint that sits idle
+ * with tokens in its reserve finds them back in its row, not twice.
  * A write of the row that would put more in it than the line allows (a
  * hand-over of tokens back to the row) empties the slot.
  *
@@ -138,6 +139,7 @@ typedef struct RbSlot
 	double		rate;
 	double		capacity;
 	double		effective_rate; /* the row's, for that take: the lease's */
+	double		capacity_now;	/* the capacity in force, at most */
 	/* committed draws the row has not counted yet */
 	int64		unsaved_takes;
 	double		unsaved_tokens;
@@ -411,19 +413,32 @@ rb_slot_accrue(RbSlot *slot, TimestampTz now)
 }
 
 /*
+ * The capacity row and slot hold together: the one in force (lowered by
+ * feedback, or by a burst the destination published) as the row's last
+ * write left it; mutex held.  It only grows with time until the next
+ * write, so the value of that write is never above the one in force.
+ */
+static double
+rb_slot_capacity(const RbSlot *slot)
+{
+	return Min(slot->capacity, slot->capacity_now);
+}
+
+/*
  * Bring the slot to "now": add what its lease refilled, then let go of the
  * tokens that would take the row and the slot together past the capacity
- * (the row refilled while they sat here, or the lease refilled the slot
- * past what the row lacks); mutex held.
+ * in force (the row refilled while they sat here, or the lease refilled
+ * the slot past what the row lacks); mutex held.
  */
 static void
 rb_slot_expire(RbSlot *slot, TimestampTz now)
 {
+	double		cap = rb_slot_capacity(slot);
 	double		excess;
 
 	rb_slot_accrue(slot, now);
-	excess = rb_slot_row_most(slot, now) + slot->tokens + slot->pending -
-		slot->capacity;
+	excess = Min(rb_slot_row_most(slot, now), cap) + slot->tokens +
+		slot->pending - cap;
 	if (excess > 0.0)
 		slot->tokens = Max(0.0, slot->tokens - excess);
 }
@@ -536,11 +551,20 @@ rb_reserve_written(const RbBucket *bucket)
 	cap = rb_bucket_capacity_now(bucket, at);
 	slot = &reserve_shared->slots[bucket->reserve.slot];
 	SpinLockAcquire(&slot->mutex);
-	if (slot->incarnation == bucket->reserve.incarnation &&
-		!rb_slot_still_fits(slot, bucket, &now, rate, cap))
+	if (slot->incarnation == bucket->reserve.incarnation)
 	{
-		rb_slot_drain(slot);
-		drained = true;
+		if (!rb_slot_still_fits(slot, bucket, &now, rate, cap))
+		{
+			rb_slot_drain(slot);
+			drained = true;
+		}
+
+		/*
+		 * A capacity lowered by this write (a published burst) caps what
+		 * the lease refills from now on; one it raised waits for the next
+		 * refill, since this write may yet roll back.
+		 */
+		slot->capacity_now = Min(slot->capacity_now, cap);
 	}
 	SpinLockRelease(&slot->mutex);
 	if (drained)
@@ -758,7 +782,7 @@ rb_reserve_wait(text *endpoint, Oid relid, bool use_config, double rate,
 	{
 		rb_slot_expire(slot, now);
 		/* during the lease the line stands still: so does the slot's room */
-		if (need <= slot->capacity - slot->line_tokens - slot->pending)
+		if (need <= rb_slot_capacity(slot) - slot->line_tokens - slot->pending)
 		{
 			/* a microsecond more than the arithmetic asks: accrual rounds */
 			usecs = Max(1.0, ceil((need - slot->tokens) / slot->effective_rate *
@@ -889,15 +913,21 @@ rb_slot_for(const RbReserveKey *key, TimestampTz now)
 	slot->line_tokens = INFINITY;	/* the row may be full until a refill lands */
 	slot->line_at = 0;
 	slot->accrued_at = 0;
+	slot->capacity_now = 0.0;	/* until the refill that got it describes it */
 	SpinLockRelease(&slot->mutex);
 	LWLockRelease(reserve_shared->lock);
 	return i;
 }
 
-/* Fill a slot's description of what its tokens answer; mutex held. */
+/*
+ * Fill a slot's description of what its tokens answer, and of the row that
+ * refilled it at "now": the rate it refills at and the capacity in force;
+ * mutex held.
+ */
 static void
 rb_slot_describe(RbSlot *slot, const RbBucket *bucket, bool use_config,
-				 double req_rate, double req_capacity, double effective_rate)
+				 double req_rate, double req_capacity, double effective_rate,
+				 double capacity_now)
 {
 	slot->from_config = use_config;
 	slot->req_rate = req_rate;
@@ -905,6 +935,7 @@ rb_slot_describe(RbSlot *slot, const RbBucket *bucket, bool use_config,
 	slot->rate = bucket->rate;
 	slot->capacity = bucket->capacity;
 	slot->effective_rate = effective_rate;
+	slot->capacity_now = capacity_now;
 	slot->batch = (double) bucket->reserve_batch;
 }
 
@@ -942,6 +973,7 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 	RbAction	action = {0};
 	RbSlot	   *slot;
 	double		rate;
+	double		cap;
 	int			i;
 
 	if (reserve_shared == NULL || !rb_has_reserve(bucket))
@@ -955,9 +987,11 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 	 * The lease refills the slot at the rate the row would have refilled at
 	 * for this take: its own limits (written in the row), not the
 	 * configured ceiling, which a take with lower limits of its own never
-	 * refills at.
+	 * refills at.  Nor past the capacity in force, which feedback or a
+	 * burst the destination published may have lowered.
 	 */
 	rate = rb_bucket_rate_now(bucket, now);
+	cap = rb_bucket_capacity_now(bucket, now);
 	rb_actions_make_room();
 	i = rb_slot_for(&key, now);
 	slot = &reserve_shared->slots[i];
@@ -967,7 +1001,8 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 		rb_slot_drain(slot);
 	/* what the lease refilled so far, at the rate it refilled at */
 	rb_slot_expire(slot, now);
-	rb_slot_describe(slot, bucket, use_config, req_rate, req_capacity, rate);
+	rb_slot_describe(slot, bucket, use_config, req_rate, req_capacity, rate,
+					 cap);
 	slot->pending += tokens;
 	action.incarnation = slot->incarnation;
 	action.generation = slot->generation;

@@ -10,7 +10,9 @@
 #                     back; bad input gets its SQLSTATE and changes nothing.
 #   Lease             a refill moves the row's refill time ahead and the
 #                     reserve refills meanwhile, at the rate of the takes
-#                     that filled it (a take's own, if it gives limits).
+#                     that filled it (a take's own, if it gives limits), up
+#                     to the capacity in force (a burst the destination
+#                     published).
 #   Interleavings     the isolation specs of test/isolation/reserve, run
 #                     against this preloaded server.
 #   Feedback          a 429 empties the reserve at once, and the next take is
@@ -270,6 +272,46 @@ ok($own_excess <= 10 + 1 + 1e-6,
 ok($own_recorded >= 0.9 * (10 * $own_busy + 10),
 	sprintf('and they get %d of the %.1f the bound allows over %.3f s', $own_recorded, 10 * $own_busy + 10, $own_busy));
 $node->safe_psql('postgres', q{SELECT ratebucket.bucket_reserve('own_load', NULL)});
+
+# 60 takes of $endpoint in one session, as after an idle spell: how many
+# were made and granted, over how long, and the bound $r * span + $cap.
+sub idle_burst
+{
+	my ($endpoint, $r, $cap) = @_;
+	my $out = $node->safe_psql('postgres',
+		qq{SELECT allowed, extract(epoch FROM statement_timestamp()), extract(epoch FROM clock_timestamp()) FROM ratebucket.bucket_take('$endpoint');} x 60);
+	my @burst = grep { /^[tf]\|/ } split /\n/, $out;
+	my $granted = grep { /^t\|/ } @burst;
+	my $span = (split /\|/, $burst[-1])[2] - (split /\|/, $burst[0])[1];
+	return (scalar @burst, $granted, $span, $cap + $r * $span);
+}
+
+# A burst the destination published (RateLimit-Policy 20;w=1: 20/s in
+# bursts of 20, on an endpoint configured at 20/s with a capacity of 100)
+# caps what a lease refills too: row and reserve hold at most the 20 in
+# force together, whether the policy came before the refill or after it
+# (then the reserve is not emptied: its 10 and the row's 5 fit in 20).
+# With a lease of 2 s, after 1.8 s idle, a burst gets at most 20 and what
+# 20/s refills while it runs.
+set_lease('2s');
+foreach my $case (['published_before', 'before the refill', 1], ['published_after', 'after it', 85])
+{
+	my ($endpoint, $when, $first) = @$case;
+	my $observe = qq{
+SELECT outcome FROM ratebucket.bucket_observe('$endpoint', 200, NULL, '{"RateLimit-Policy": "20;w=1"}');};
+	my $take = qq{
+SELECT allowed FROM ratebucket.bucket_take('$endpoint', $first);};
+	$node->safe_psql('postgres', qq{
+SELECT ratebucket.bucket_configure('$endpoint', 20, 100);
+SELECT ratebucket.bucket_reserve('$endpoint', 10);} . ($first == 1 ? $observe . $take : $take . $observe));
+	Time::HiRes::sleep(1.8);
+	my ($n, $granted, $span, $bound) = idle_burst($endpoint, 20, 20);
+	ok($n == 60 && $granted >= 19 && $granted <= $bound + 1e-6,
+		sprintf('a burst of 20 published %s: after 1.8 s of a 2 s lease, a burst gets %d in %.3f s (at most %.2f)',
+			$when, $granted, $span, $bound));
+	$node->safe_psql('postgres', qq{SELECT ratebucket.bucket_reserve('$endpoint', NULL)});
+}
+set_lease('default');
 
 # bad input: its SQLSTATE, nothing changed
 $node->safe_psql('postgres', q{
