@@ -59,7 +59,8 @@
  * filled under (the limits, a lower rate, a cooldown, a pause, an open
  * breaker, more tokens than the invariant allows, the reserve turned off)
  * empties the slot at once and starts a new generation; whatever the old
- * generation's transactions do at their end is then ignored.
+ * generation's transactions do at their end is then ignored, and the slot
+ * knows its row again (its line) from the new generation's first refill.
  *
  * Slots are found through a shared hash table keyed by database, table and
  * endpoint, under one LWLock, and each backend keeps its own map from
@@ -365,7 +366,17 @@ rb_slot_held(const RbSlot *slot)
 	return slot->tokens + slot->pending + slot->drawn;
 }
 
-/* Empty the slot and start a new generation; mutex held. */
+/*
+ * Empty the slot and start a new generation; mutex held.
+ *
+ * The slot forgets its line too, as a new slot has none: the write that
+ * drains may have moved the row's refill time back (bucket_reset), and a
+ * refill of the new generation may then write an earlier lease's end than
+ * the line's, which the line would ignore while the row refills.  Until a
+ * refill of the new generation lands, the row may be full, so the slot
+ * keeps nothing; and what is left of the lease is lost: the slot accrues
+ * nothing until that refill's write, the row refills after it.
+ */
 static void
 rb_slot_drain(RbSlot *slot)
 {
@@ -375,8 +386,9 @@ rb_slot_drain(RbSlot *slot)
 	slot->tokens = 0.0;
 	slot->pending = 0.0;
 	slot->drawn = 0.0;
-	/* what is left of the lease is lost: the row refills after it */
-	slot->accrued_at = Max(slot->accrued_at, slot->line_at);
+	slot->line_tokens = INFINITY;
+	slot->line_at = 0;
+	slot->accrued_at = 0;
 }
 
 /*
@@ -910,9 +922,6 @@ rb_slot_for(const RbReserveKey *key, TimestampTz now)
 	slot->tokens_drawn = 0.0;
 	slot->created_at = now;
 	slot->last_refill_at = now;
-	slot->line_tokens = INFINITY;	/* the row may be full until a refill lands */
-	slot->line_at = 0;
-	slot->accrued_at = 0;
 	slot->capacity_now = 0.0;	/* until the refill that got it describes it */
 	SpinLockRelease(&slot->mutex);
 	LWLockRelease(reserve_shared->lock);

@@ -12,7 +12,8 @@
 #                     reserve refills meanwhile, at the rate of the takes
 #                     that filled it (a take's own, if it gives limits), up
 #                     to the capacity in force (a burst the destination
-#                     published).
+#                     published); after a reset, the reserve knows its row
+#                     from the next refill on, whatever the earlier lease.
 #   Interleavings     the isolation specs of test/isolation/reserve, run
 #                     against this preloaded server.
 #   Feedback          a 429 empties the reserve at once, and the next take is
@@ -312,6 +313,31 @@ SELECT ratebucket.bucket_reserve('$endpoint', 10);} . ($first == 1 ? $observe . 
 	$node->safe_psql('postgres', qq{SELECT ratebucket.bucket_reserve('$endpoint', NULL)});
 }
 set_lease('default');
+
+# A reset empties the reserve, and the reserve then knows its row only from
+# the next refill on, whatever the row's lease was before.  A refill under
+# a lease of 10 s, then the lease shortened to 50 ms and the endpoint
+# (10/s, burst 20, batch 10) reset: the next refill leases its row until
+# 50 ms later, long before the first lease would have ended.  1.5 s later
+# the row is full again, and the reserve, knowing it, has let go of its
+# 10: a burst gets 20, not 30.
+set_lease('10s');
+$node->safe_psql('postgres', q{
+SELECT ratebucket.bucket_configure('reset', 10, 20);
+SELECT ratebucket.bucket_reserve('reset', 10);
+SELECT allowed FROM ratebucket.bucket_take('reset');});
+set_lease('default');
+$node->safe_psql('postgres', q{
+SELECT ratebucket.bucket_reset('reset');
+SELECT allowed FROM ratebucket.bucket_take('reset');});
+Time::HiRes::sleep(1.5);
+{
+	my ($n, $granted, $span, $bound) = idle_burst('reset', 10, 20);
+	ok($n == 60 && $granted >= 19 && $granted <= $bound + 1e-6,
+		sprintf('after a reset and a shorter lease, a burst 1.5 s after the next refill gets %d in %.3f s (at most %.2f)',
+			$granted, $span, $bound));
+	$node->safe_psql('postgres', q{SELECT ratebucket.bucket_reserve('reset', NULL)});
+}
 
 # bad input: its SQLSTATE, nothing changed
 $node->safe_psql('postgres', q{
