@@ -110,11 +110,12 @@ static int	read_size = 0;
  * them apart.  Nothing else needs to forget a position: whatever happened
  * to the table since (VACUUM, a new file from VACUUM FULL, CLUSTER or
  * TRUNCATE), a position leads to this endpoint's row or the lookup goes
- * through the index.  At most RB_FOUND_MAX entries (about 48 bytes each);
- * beyond, the table starts afresh, as it does for another table.  Not used
- * under SERIALIZABLE, where the index scan's predicate locks matter.
+ * through the index.  At most RB_FOUND_MAX entries (about 40 bytes each
+ * with dynahash's overhead, some 0.7 MB in all); beyond, the map starts
+ * afresh, as it does for another table.  Not used under SERIALIZABLE,
+ * where the index scan's predicate locks matter.
  */
-#define RB_FOUND_MAX 65536
+#define RB_FOUND_MAX 16384
 
 typedef struct RbFoundEntry
 {
@@ -460,24 +461,28 @@ rb_direct_fetch_indexed(text *endpoint, Snapshot snapshot,
 }
 
 /*
- * The table's size in blocks, or fewer.  smgrnblocks asks the kernel
- * (lseek) and leaves the answer in the relation's storage manager entry;
- * that entry forgets it when the relation is truncated (smgrtruncate sets
- * it to the new size in the backend that truncates, and the invalidation
- * that truncation sends before it releases its lock resets it in every
- * other backend, which processes it when it next locks the table).  While
- * the answer stands, the table has at least that many blocks, and no
- * lookup pays for a system call.
+ * Is "block" one of the table's?  The storage manager entry keeps the size
+ * smgrnblocks last found (an lseek), and forgets it when the relation is
+ * truncated: smgrtruncate sets the new size in the backend that
+ * truncates, and the invalidation that truncation sends before it releases
+ * its lock resets the entry in every other backend, which processes it
+ * when it next locks the table (the storage session locks it for every
+ * lookup).  The size kept can only be too small, by the pages other
+ * backends added since: a block below it exists, and only a block at or
+ * past it costs the system call that asks again.  (smgr_cached_nblocks is
+ * the storage manager's own field, which it trusts outside recovery only
+ * for this reason; the isolation spec take-found-rows truncates under a
+ * remembered position.)
  */
-static BlockNumber
-rb_direct_blocks(void)
+static bool
+rb_direct_has_block(BlockNumber block)
 {
 	SMgrRelation smgr = RelationGetSmgr(heap_rel);
 	BlockNumber known = smgr->smgr_cached_nblocks[MAIN_FORKNUM];
 
-	if (known != InvalidBlockNumber)
-		return known;
-	return smgrnblocks(smgr, MAIN_FORKNUM);
+	if (known != InvalidBlockNumber && block < known)
+		return true;
+	return block < smgrnblocks(smgr, MAIN_FORKNUM);
 }
 
 /*
@@ -508,7 +513,7 @@ rb_direct_fetch_found(text *endpoint, uint32 hash, Snapshot snapshot,
 		return false;
 	root = entry->root;
 	/* a block VACUUM truncated away is not there to read */
-	if (ItemPointerGetBlockNumber(&root) >= rb_direct_blocks())
+	if (!rb_direct_has_block(ItemPointerGetBlockNumber(&root)))
 		return false;
 
 	fetch = table_index_fetch_begin(heap_rel);
