@@ -122,6 +122,26 @@ SET ROLE regress_rb_upgrade_worker;
 SELECT allowed, remaining FROM ratebucket.bucket_take('u:adhoc', 0.000001, 5, 2);
 RESET ROLE;
 
+-- What a user builds on the takes: a view and a SQL function that call
+-- them (each recorded as depending on the functions: DROP FUNCTION would
+-- refuse), and a statement prepared in this session, planned before the
+-- update.  u:built: not configured, created by that statement.
+CREATE VIEW u_built_take AS
+SELECT * FROM ratebucket.bucket_take('u:built', 0.000001, 5);
+CREATE FUNCTION u_built_take(e text) RETURNS boolean
+LANGUAGE sql
+BEGIN ATOMIC
+	SELECT allowed FROM ratebucket.bucket_take(e, 0.000001, 5, 2);
+END;
+PREPARE u_built_take(text) AS
+SELECT allowed, round(remaining::numeric, 3) AS remaining, wait_seconds
+FROM ratebucket.bucket_take($1, 0.000001, 5);
+EXECUTE u_built_take('u:built');
+SELECT count(*) AS dependents
+FROM pg_depend
+WHERE refobjid = 'ratebucket.bucket_take(text, float8, float8, float8)'::regprocedure
+  AND deptype = 'n';
+
 -- The stored state (a cooldown's end is a time: shown as "cooling").
 SELECT endpoint, conf_rate, conf_capacity, conf_floor_rate, conf_throttle_factor,
 	   conf_recovery_factor, conf_breaker_failures, round(tokens::numeric, 3) AS tokens,
@@ -152,8 +172,14 @@ FROM columns_10;
 
 --
 -- 3. The update, to the default version (step by step from 1.0, through
--- every script on the way).
+-- every script on the way).  Not while a view or a SQL function body calls
+-- bucket_take (1.9 changes its declared result): the update refuses, and
+-- changes nothing.
 --
+ALTER EXTENSION ratebucket UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'ratebucket';
+DROP VIEW u_built_take;
+DROP FUNCTION u_built_take(text);
 ALTER EXTENSION ratebucket UPDATE;
 SELECT extversion = (SELECT default_version FROM pg_available_extensions
 					 WHERE name = 'ratebucket') AS is_default_version
@@ -168,6 +194,23 @@ SELECT o.endpoint, coalesce(to_jsonb(n) @> o.r, false) AS unchanged
 FROM rows_10 AS o LEFT JOIN ratebucket.buckets AS n USING (endpoint)
 ORDER BY o.endpoint;
 SELECT count(*) AS rows_now FROM ratebucket.buckets;
+
+-- The statement prepared before the update runs, planned again, with the
+-- same columns; the view and the function, created again, run too.
+EXECUTE u_built_take('u:built');
+CREATE VIEW u_built_take AS
+SELECT * FROM ratebucket.bucket_take('u:built', 0.000001, 5);
+CREATE FUNCTION u_built_take(e text) RETURNS boolean
+LANGUAGE sql
+BEGIN ATOMIC
+	SELECT allowed FROM ratebucket.bucket_take(e, 0.000001, 5, 2);
+END;
+SELECT allowed, round(remaining::numeric, 3) AS remaining, wait_seconds FROM u_built_take;
+SELECT u_built_take('u:built') AS allowed;
+SELECT ratebucket.bucket_drop('u:built');
+DEALLOCATE u_built_take;
+DROP VIEW u_built_take;
+DROP FUNCTION u_built_take(text);
 
 --
 -- 5. Grants made on 1.0 survive; the new functions are not open to PUBLIC.
@@ -225,9 +268,12 @@ SELECT * FROM fresh_vs_updated ORDER BY object, property, side;
 -- form of bucket_observe with a fifth argument, sent_at) and of 1.6 (the
 -- table's column template and the view's, bucket_templates, its trigger
 -- and its functions, bucket_template, bucket_template_drop and
--- bucket_template_for; distribute), with all their properties
--- (privileges and comments included), and nothing else.  A later
--- version's update adds its own lines here.
+-- bucket_template_for; distribute) and of 1.7 and 1.8 (endpoint_limits,
+-- the table's and the view's column reserve, bucket_reserve and
+-- bucket_reserves) and of 1.9 (the types take_result and take_upto_result,
+-- and bucket_take's and bucket_take_upto's result and arguments), with all
+-- their properties (privileges, comments and dependencies included), and
+-- nothing else.  A later version's update adds its own lines here.
 SELECT coalesce(n.object, o.object) AS object, coalesce(n.property, o.property) AS property,
 	   o.value AS "1.0", n.value AS updated
 FROM snap_10 AS o

@@ -290,6 +290,27 @@ CREATE TYPE ratebucket.batch_request AS (
 COMMENT ON TYPE ratebucket.batch_request IS
 'One request of a bucket_take_batch: up to tokens tokens from every one of buckets (configured, not striped), and with inflight_key (optional) as many slots of that in-flight cap.';
 
+-- What the takes return.  Named row types, not OUT parameters: a call in
+-- FROM gets a named type's row from the type cache, where OUT parameters
+-- have the row type built again from pg_proc at every execution.
+CREATE TYPE ratebucket.take_result AS (
+	allowed boolean,
+	remaining float8,
+	wait_seconds float8
+);
+
+COMMENT ON TYPE ratebucket.take_result IS
+'What bucket_take returns: allowed, the tokens remaining, and the seconds to wait before tokens would be available (0 when allowed).';
+
+CREATE TYPE ratebucket.take_upto_result AS (
+	granted int,
+	remaining float8,
+	wait_seconds float8
+);
+
+COMMENT ON TYPE ratebucket.take_upto_result IS
+'What bucket_take_upto returns: the tokens granted (0 when refused), the tokens remaining, and the seconds until the next token could be granted (0 when all were).';
+
 --
 -- Taking tokens.  Each call runs SQL of its own: the COST tells the planner
 -- to evaluate a query's cheaper conditions (status = 'pending', say) first.
@@ -299,11 +320,8 @@ CREATE FUNCTION ratebucket.bucket_take(
 	endpoint text,
 	rate float8,
 	capacity float8,
-	tokens float8 DEFAULT 1,
-	OUT allowed boolean,
-	OUT remaining float8,
-	OUT wait_seconds float8)
-RETURNS record
+	tokens float8 DEFAULT 1)
+RETURNS ratebucket.take_result
 AS 'MODULE_PATHNAME', 'ratebucket_take'
 LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100;
 
@@ -312,11 +330,8 @@ COMMENT ON FUNCTION ratebucket.bucket_take(text, float8, float8, float8) IS
 
 CREATE FUNCTION ratebucket.bucket_take(
 	endpoint text,
-	tokens float8 DEFAULT 1,
-	OUT allowed boolean,
-	OUT remaining float8,
-	OUT wait_seconds float8)
-RETURNS record
+	tokens float8 DEFAULT 1)
+RETURNS ratebucket.take_result
 AS 'MODULE_PATHNAME', 'ratebucket_take_configured'
 LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100;
 
@@ -329,11 +344,8 @@ CREATE FUNCTION ratebucket.bucket_take_upto(
 	endpoint text,
 	rate float8,
 	capacity float8,
-	max_tokens int,
-	OUT granted int,
-	OUT remaining float8,
-	OUT wait_seconds float8)
-RETURNS record
+	max_tokens int)
+RETURNS ratebucket.take_upto_result
 AS 'MODULE_PATHNAME', 'ratebucket_take_upto'
 LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100;
 
@@ -342,11 +354,8 @@ COMMENT ON FUNCTION ratebucket.bucket_take_upto(text, float8, float8, int) IS
 
 CREATE FUNCTION ratebucket.bucket_take_upto(
 	endpoint text,
-	max_tokens int,
-	OUT granted int,
-	OUT remaining float8,
-	OUT wait_seconds float8)
-RETURNS record
+	max_tokens int)
+RETURNS ratebucket.take_upto_result
 AS 'MODULE_PATHNAME', 'ratebucket_take_upto_configured'
 LANGUAGE C VOLATILE PARALLEL UNSAFE COST 100;
 

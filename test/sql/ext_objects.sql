@@ -6,7 +6,8 @@
 -- free of OIDs and of the name of the installing role: functions with
 -- their signature, result, volatility, parallel safety, strictness, cost,
 -- SECURITY DEFINER, settings, source or C symbol, privileges (current and
--- initial, as pg_dump sees them) and comment; the tables' and the views'
+-- initial, as pg_dump sees them), dependencies and comment; the composite
+-- types' columns; the tables' and the views'
 -- columns (position, type, NOT NULL, default, comment, privileges),
 -- options, indexes, constraints, triggers, privileges and comment; the
 -- views' definitions; and the extension's own schema, configuration tables
@@ -107,7 +108,25 @@ LANGUAGE sql STABLE AS $$
 		('owner', CASE WHEN f.proowner = ext.extowner THEN 'extension owner'
 					   ELSE f.proowner::regrole::text END),
 		('acl', pg_temp.acl(coalesce(f.proacl, acldefault('f', f.proowner)), f.proowner)),
-		('initial acl', pg_temp.acl(i.initprivs, f.proowner))) AS p(property, value)
+		('initial acl', pg_temp.acl(i.initprivs, f.proowner)),
+		-- What it depends on (types, a language), as CREATE FUNCTION
+		-- records it: built-in objects are pinned and not listed.
+		('depends on', (SELECT string_agg(x.o, ', ' ORDER BY x.o COLLATE "C")
+						FROM pg_depend d,
+							 LATERAL pg_describe_object(d.refclassid, d.refobjid,
+														d.refobjsubid) AS x(o)
+						WHERE d.classid = 'pg_proc'::regclass AND d.objid = f.oid
+						  AND d.deptype = 'n'))) AS p(property, value)
+	UNION ALL
+	-- Composite types: their columns.
+	SELECT pg_describe_object('pg_type'::regclass, t.oid, 0), 'columns',
+		   (SELECT string_agg(format('%I %s', a.attname, format_type(a.atttypid, a.atttypmod)),
+							  ', ' ORDER BY a.attnum)
+			FROM pg_attribute a
+			WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped)
+	FROM pg_type t
+	JOIN member m ON m.classid = 'pg_type'::regclass AND m.objid = t.oid
+	WHERE t.typtype = 'c'
 	UNION ALL
 	-- Tables, views and sequences.
 	SELECT r.object, p.property, coalesce(p.value, '(null)')
