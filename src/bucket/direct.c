@@ -672,6 +672,98 @@ rb_direct_untouched(ItemPointer tid)
 #endif
 
 /*
+ * rb_direct_patch
+ *		The new version of a row read as oldtup, with the known columns' new
+ *		values, made as a copy of oldtup with each value written over the
+ *		old one where it lies: what heap_modify_tuple_by_cols would form,
+ *		for about a fifth of its cost (it takes every column apart and puts
+ *		the row together again).  The catalogs' updates are made the same
+ *		way.  heap_update then sets the new version's header afresh.
+ *
+ *		That holds when the copy's layout is the new row's: every column is
+ *		null in both or in neither, and every variable-width column keeps its
+ *		bytes.  A take changes numbers and times, so it holds for nearly
+ *		every write.  Otherwise, and for a row stored before a column was
+ *		added to the table (it has fewer attributes than the table), NULL
+ *		comes back and the caller forms the row whole.
+ */
+static HeapTuple
+rb_direct_patch(HeapTuple oldtup, TupleDesc desc, const Datum *values,
+				const bool *nulls)
+{
+	HeapTupleHeader td = oldtup->t_data;
+	int			natts = desc->natts;
+	bits8	   *bp = td->t_bits;
+	bool		hasnulls = HeapTupleHasNulls(oldtup);
+	char	   *tp = (char *) td + td->t_hoff;
+	int32		offsets[MaxHeapAttributeNumber];
+	uint32		off = 0;
+	HeapTuple	newtup;
+	int			attnum;
+	int			i;
+
+	if (HeapTupleHeaderGetNatts(td) != natts)
+		return NULL;
+
+	/* Where each attribute lies in the row (-1: null), as deforming finds it. */
+	for (attnum = 0; attnum < natts; attnum++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, attnum);
+
+		if (hasnulls && att_isnull(attnum, bp))
+		{
+			offsets[attnum] = -1;
+			continue;
+		}
+		if (att->attlen == -1)
+			off = att_align_pointer(off, att->attalign, -1, tp + off);
+		else
+			off = att_align_nominal(off, att->attalign);
+		offsets[attnum] = off;
+		off = att_addlength_pointer(off, att->attlen, tp + off);
+	}
+
+	/* Whether the layout holds. */
+	for (i = 0; i < shape_ncolumns; i++)
+	{
+		int			a = shape_attnums[i] - 1;
+		Form_pg_attribute att = TupleDescAttr(desc, a);
+
+		if (nulls[i] != (offsets[a] < 0))
+			return NULL;
+		if (!nulls[i] && att->attlen < 0)
+		{
+			struct varlena *old = (struct varlena *) (tp + offsets[a]);
+			struct varlena *new = (struct varlena *) DatumGetPointer(values[i]);
+
+			if (att->attlen != -1 ||
+				(VARATT_IS_EXTENDED(new) && !VARATT_IS_SHORT(new)) ||
+				(VARATT_IS_EXTENDED(old) && !VARATT_IS_SHORT(old)) ||
+				VARSIZE_ANY_EXHDR(old) != VARSIZE_ANY_EXHDR(new) ||
+				memcmp(VARDATA_ANY(old), VARDATA_ANY(new), VARSIZE_ANY_EXHDR(new)) != 0)
+				return NULL;
+		}
+	}
+
+	/* The copy, and the fixed-width values written over it. */
+	newtup = heap_copytuple(oldtup);
+	tp = (char *) newtup->t_data + newtup->t_data->t_hoff;
+	for (i = 0; i < shape_ncolumns; i++)
+	{
+		int			a = shape_attnums[i] - 1;
+		Form_pg_attribute att = TupleDescAttr(desc, a);
+
+		if (nulls[i] || att->attlen < 0)
+			continue;
+		if (att->attbyval)
+			store_att_byval(tp + offsets[a], values[i], att->attlen);
+		else
+			memcpy(tp + offsets[a], DatumGetPointer(values[i]), att->attlen);
+	}
+	return newtup;
+}
+
+/*
  * rb_direct_update
  *		Write the row read at *tid (by rb_direct_find) with new values for
  *		the known columns, as UPDATE would.
@@ -724,9 +816,11 @@ rb_direct_update(ItemPointer tid, const Datum *values, const bool *nulls,
 #endif
 
 	oldcxt = MemoryContextSwitchTo(direct_cxt);
-	newtup = heap_modify_tuple_by_cols(oldtup, RelationGetDescr(heap_rel),
-									   shape_ncolumns, shape_attnums,
-									   (Datum *) values, (bool *) nulls);
+	newtup = rb_direct_patch(oldtup, RelationGetDescr(heap_rel), values, nulls);
+	if (newtup == NULL)
+		newtup = heap_modify_tuple_by_cols(oldtup, RelationGetDescr(heap_rel),
+										   shape_ncolumns, shape_attnums,
+										   (Datum *) values, (bool *) nulls);
 	{
 #if PG_VERSION_NUM >= 160000
 		TU_UpdateIndexes update_indexes;
