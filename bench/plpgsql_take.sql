@@ -1,3 +1,4 @@
--- bench/plpgsql_take.sql: the same token bucket written in PL/pgSQL (setup.sql).
+-- bench/plpgsql_take.sql: the same token bucket written in PL/pgSQL
+-- (setup.sql), its endpoint passed as bucket_take.sql passes it.
 \set ep random(1, :nbuckets)
-SELECT * FROM pl_take('ep' || :ep, 1e6, 1e6);
+SELECT * FROM pl_take(:ep, 1e6, 1e6);

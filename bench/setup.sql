@@ -76,18 +76,19 @@ BEGIN
 END;
 $$;
 
--- Pre-create every bucket (one take each) and every bare row, so that the
--- measured runs only update existing rows.
+-- Pre-create every bucket (one take each; endpoints '1' to :nbuckets, as
+-- the scripts pass them) and every bare row, so that the measured runs only
+-- update existing rows.
 INSERT INTO bare (id, tokens)
 SELECT g, 0 FROM generate_series(1, :nbuckets) AS g;
 
 SELECT count(*) FILTER (WHERE t.allowed) AS ratebucket_created
 FROM generate_series(1, :nbuckets) AS g,
-	 LATERAL ratebucket.bucket_take('ep' || g, 1e6, 1e6) AS t;
+	 LATERAL ratebucket.bucket_take(g::text, 1e6, 1e6) AS t;
 
 SELECT count(*) FILTER (WHERE t.allowed) AS plpgsql_created
 FROM generate_series(1, :nbuckets) AS g,
-	 LATERAL pl_take('ep' || g, 1e6, 1e6) AS t;
+	 LATERAL pl_take(g::text, 1e6, 1e6) AS t;
 
 VACUUM ANALYZE bare, pl_buckets, ratebucket.buckets;
 
