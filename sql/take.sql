@@ -130,6 +130,23 @@ SELECT allowed FROM ratebucket.bucket_take('t:new ', 0.000001, 5, 5);
 SELECT allowed FROM ratebucket.bucket_take(repeat('x', 1024), 1, 1);
 SELECT count(*) AS buckets FROM ratebucket.buckets;
 
+-- A take returns the extension's row type, take_result.  Altered, the type
+-- no longer has the columns the take fills: the take refuses (42804)
+-- rather than build a row of another shape, also in a session that has
+-- already built one; altered back (the rollback), it takes again.
+SELECT allowed FROM ratebucket.bucket_take('t:type', 1, 5);
+SELECT granted FROM ratebucket.bucket_take_upto('t:type', 1, 5, 1);
+BEGIN;
+ALTER TYPE ratebucket.take_result ADD ATTRIBUTE extra int;
+SELECT allowed FROM ratebucket.bucket_take('t:type', 1, 5);
+ROLLBACK;
+BEGIN;
+ALTER TYPE ratebucket.take_upto_result ALTER ATTRIBUTE remaining TYPE text;
+SELECT granted FROM ratebucket.bucket_take_upto('t:type', 1, 5, 2);
+ROLLBACK;
+SELECT allowed FROM ratebucket.bucket_take('t:type', 1, 5);
+SELECT granted FROM ratebucket.bucket_take_upto('t:type', 1, 5, 2);
+
 -- Clean-up: nothing of this test is left behind (neither drop would pass
 -- without CASCADE if something were).
 DROP EXTENSION ratebucket;

@@ -137,6 +137,10 @@ PREPARE u_built_take(text) AS
 SELECT allowed, round(remaining::numeric, 3) AS remaining, wait_seconds
 FROM ratebucket.bucket_take($1, 0.000001, 5);
 EXECUTE u_built_take('u:built');
+-- And one that returns the row whole, as one value (of type record); its
+-- endpoint, u:built-row, is new.
+PREPARE u_built_row(text) AS SELECT ratebucket.bucket_take($1, 0.000001, 5) AS t;
+EXECUTE u_built_row('u:built-row');
 SELECT count(*) AS dependents
 FROM pg_depend
 WHERE refobjid = 'ratebucket.bucket_take(text, float8, float8, float8)'::regprocedure
@@ -199,8 +203,16 @@ ORDER BY o.endpoint;
 SELECT count(*) AS rows_now FROM ratebucket.buckets;
 
 -- The statement prepared before the update runs, planned again, with the
--- same columns; the view and the function, created again, run too.
+-- same columns; the view and the function, created again, run too.  The
+-- one that returns the row whole fails: its one column's type would now be
+-- take_result, not record.  Prepared again, it runs.
 EXECUTE u_built_take('u:built');
+EXECUTE u_built_row('u:built-row');
+DEALLOCATE u_built_row;
+PREPARE u_built_row(text) AS SELECT ratebucket.bucket_take($1, 0.000001, 5) AS t;
+EXECUTE u_built_row('u:built-row2');
+DEALLOCATE u_built_row;
+SELECT pg_typeof(ratebucket.bucket_take('u:built-row2', 0.000001, 5)) AS row_type;
 CREATE VIEW u_built_take AS
 SELECT * FROM ratebucket.bucket_take('u:built', 0.000001, 5);
 CREATE FUNCTION u_built_take(e text) RETURNS boolean
@@ -210,7 +222,8 @@ BEGIN ATOMIC
 END;
 SELECT allowed, round(remaining::numeric, 3) AS remaining, wait_seconds FROM u_built_take;
 SELECT u_built_take('u:built') AS allowed;
-SELECT ratebucket.bucket_drop('u:built');
+SELECT ratebucket.bucket_drop('u:built'), ratebucket.bucket_drop('u:built-row'),
+	   ratebucket.bucket_drop('u:built-row2');
 DEALLOCATE u_built_take;
 DROP VIEW u_built_take;
 DROP FUNCTION u_built_take(text);

@@ -7,20 +7,29 @@
 -- complain if script is sourced in psql, rather than via ALTER EXTENSION
 \echo Use "ALTER EXTENSION ratebucket UPDATE TO '1.9'" to load this file. \quit
 
--- Not while a view, a rule or a SQL-standard function body calls one of the
--- four functions (pg_depend records such a call, as DROP FUNCTION would
--- find it): the call stored there keeps the result type it was parsed
--- with, record, and a call that leaves out a default argument would fail
--- to plan once the function returns the new type.  The update refuses
--- before it changes anything, and says what to do.
+-- Not while a view, a rule, a SQL-standard function body or any other
+-- stored expression calls one of the four functions (pg_depend records
+-- such a call, as DROP FUNCTION would find it): the call stored there
+-- keeps the result type it was parsed with, record, and a call that leaves
+-- out a default argument or names its arguments would fail to plan once
+-- the function returns the new type.  The update refuses before it changes
+-- anything, and says what to do.  (As DROP FUNCTION's own check, it does
+-- not keep out a view created by a transaction that commits meanwhile.)
 DO $$
 DECLARE
 	callers text;
 BEGIN
-	SELECT string_agg(x.o, ', ' ORDER BY x.o)
+	SELECT string_agg(DISTINCT x.o, ', ' ORDER BY x.o)
 	INTO callers
-	FROM pg_catalog.pg_depend AS d,
-		 LATERAL pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid) AS x(o)
+	FROM pg_catalog.pg_depend AS d
+	LEFT JOIN pg_catalog.pg_rewrite AS r
+	  ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND r.oid = d.objid
+	CROSS JOIN LATERAL (SELECT CASE
+			-- a view's query is its _RETURN rule: name the view
+			WHEN r.rulename = '_RETURN'
+			THEN pg_catalog.pg_describe_object('pg_catalog.pg_class'::regclass, r.ev_class, 0)
+			ELSE pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid)
+		END) AS x(o)
 	WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass
 	  AND d.refobjid IN ('ratebucket.bucket_take(text, float8, float8, float8)'::regprocedure,
 						 'ratebucket.bucket_take(text, float8)'::regprocedure,

@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * result.h
- *	  The row types of the SQL functions returning a record (result.c).
+ *	  The row types of the SQL functions returning a row (result.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -14,5 +14,7 @@
 #include "fmgr.h"
 
 extern TupleDesc rb_result_tupdesc(FunctionCallInfo fcinfo);
+extern TupleDesc rb_result_tupdesc_of(FunctionCallInfo fcinfo, int natts,
+									  const Oid *types);
 
 #endif							/* RATEBUCKET_API_RESULT_H */

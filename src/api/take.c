@@ -34,12 +34,13 @@ PG_FUNCTION_INFO_V1(ratebucket_wait);
 
 /*
  * rb_take_result_datum
- *		Build the (allowed, remaining, wait_seconds) record.
+ *		Build the (allowed, remaining, wait_seconds) row, a take_result.
  */
 static Datum
 rb_take_result_datum(FunctionCallInfo fcinfo, const RbTakeResult *result)
 {
-	TupleDesc	tupdesc = rb_result_tupdesc(fcinfo);
+	static const Oid types[3] = {BOOLOID, FLOAT8OID, FLOAT8OID};
+	TupleDesc	tupdesc = rb_result_tupdesc_of(fcinfo, 3, types);
 	Datum		values[3];
 	bool		nulls[3] = {false, false, false};
 
@@ -51,13 +52,14 @@ rb_take_result_datum(FunctionCallInfo fcinfo, const RbTakeResult *result)
 
 /*
  * rb_upto_result_datum
- *		Build the (granted, remaining, wait_seconds) record.
+ *		Build the (granted, remaining, wait_seconds) row, a take_upto_result.
  */
 static Datum
 rb_upto_result_datum(FunctionCallInfo fcinfo, const RbTakeResult *result,
 					 double granted)
 {
-	TupleDesc	tupdesc = rb_result_tupdesc(fcinfo);
+	static const Oid types[3] = {INT4OID, FLOAT8OID, FLOAT8OID};
+	TupleDesc	tupdesc = rb_result_tupdesc_of(fcinfo, 3, types);
 	Datum		values[3];
 	bool		nulls[3] = {false, false, false};
 

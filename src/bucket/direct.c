@@ -737,8 +737,8 @@ rb_direct_patch(HeapTuple oldtup, TupleDesc desc, const Datum *values,
 			struct varlena *new = (struct varlena *) DatumGetPointer(values[i]);
 
 			if (att->attlen != -1 ||
-				(VARATT_IS_EXTENDED(new) && !VARATT_IS_SHORT(new)) ||
-				(VARATT_IS_EXTENDED(old) && !VARATT_IS_SHORT(old)) ||
+				VARATT_IS_EXTERNAL(new) || VARATT_IS_COMPRESSED(new) ||
+				VARATT_IS_EXTERNAL(old) || VARATT_IS_COMPRESSED(old) ||
 				VARSIZE_ANY_EXHDR(old) != VARSIZE_ANY_EXHDR(new) ||
 				memcmp(VARDATA_ANY(old), VARDATA_ANY(new), VARSIZE_ANY_EXHDR(new)) != 0)
 				return NULL;
