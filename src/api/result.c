@@ -11,26 +11,26 @@
 #include "funcapi.h"
 #include "utils/builtins.h"
 #include "utils/inval.h"
-#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/regproc.h"
 #include "utils/syscache.h"
+#include "utils/typcache.h"
 
 #include "api/result.h"
 
 /*
  * The row types of the functions returning a row, blessed, by function:
  * built on a function's first call in the backend and kept until any
- * pg_proc row changes (a redefinition could change the type), or, for a
- * named row type, until its relation changes (ALTER TYPE).  fn_extra alone
- * would not do: a function in FROM gets a new one at every execution.
+ * pg_proc row changes (a redefinition could change the type).  fn_extra
+ * alone would not do: a function in FROM gets a new one at every execution.
+ * A named row type can also change without its functions (ALTER TYPE):
+ * rb_result_tupdesc_of checks it.
  */
 #define RB_RESULT_TYPES 32
 
 typedef struct RbResultType
 {
 	Oid			fn_oid;
-	Oid			typrelid;		/* a named row type's relation, or InvalidOid */
 	TupleDesc	tupdesc;
 } RbResultType;
 
@@ -50,20 +50,6 @@ rb_result_types_reset(Datum arg pg_attribute_unused(),
 					  uint32 hashvalue pg_attribute_unused())
 {
 	result_types_stale = true;
-}
-
-/*
- * A relation changed: if it is a cached named row type's (or any, for
- * InvalidOid), forget the cache at the next lookup, as above.
- */
-static void
-rb_result_types_reset_rel(Datum arg pg_attribute_unused(), Oid relid)
-{
-	int			i;
-
-	for (i = 0; i < n_result_types; i++)
-		if (relid == InvalidOid || result_types[i].typrelid == relid)
-			result_types_stale = true;
 }
 
 /*
@@ -100,38 +86,57 @@ rb_result_tupdesc(FunctionCallInfo fcinfo)
 	if (!result_types_callback)
 	{
 		CacheRegisterSyscacheCallback(PROCOID, rb_result_types_reset, (Datum) 0);
-		CacheRegisterRelcacheCallback(rb_result_types_reset_rel, (Datum) 0);
 		result_types_callback = true;
 	}
 	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
 	tupdesc = BlessTupleDesc(CreateTupleDescCopy(tupdesc));
 	MemoryContextSwitchTo(oldcxt);
 	result_types[n_result_types].fn_oid = fn_oid;
-	result_types[n_result_types].typrelid =
-		tupdesc->tdtypeid == RECORDOID ? InvalidOid : get_typ_typrelid(tupdesc->tdtypeid);
 	result_types[n_result_types].tupdesc = tupdesc;
 	n_result_types++;
 	return tupdesc;
 }
 
+/* Has the row type these columns, in order? */
+static bool
+rb_result_is(TupleDesc tupdesc, int natts, const Oid *types)
+{
+	int			i;
+
+	if (tupdesc == NULL || tupdesc->natts != natts)
+		return false;
+	for (i = 0; i < natts; i++)
+		if (TupleDescAttr(tupdesc, i)->attisdropped ||
+			TupleDescAttr(tupdesc, i)->atttypid != types[i])
+			return false;
+	return true;
+}
+
 /*
  * rb_result_tupdesc_of
- *		rb_result_tupdesc of a function that returns a named row type, after
- *		checking that the type still has the columns the C code fills, in
- *		order: its owner could have altered it (ALTER TYPE), which a list of
- *		OUT parameters cannot be.
+ *		rb_result_tupdesc of a function that returns a row of these columns,
+ *		checked.  A named row type's owner can alter it (ALTER TYPE), which a
+ *		list of OUT parameters cannot be, and the cache above does not hear
+ *		of that: the type as the type cache has it now must have the
+ *		columns, and so must the cached one (else it is built again).
  */
 TupleDesc
 rb_result_tupdesc_of(FunctionCallInfo fcinfo, int natts, const Oid *types)
 {
 	TupleDesc	tupdesc = rb_result_tupdesc(fcinfo);
-	bool		ok = tupdesc->natts == natts;
-	int			i;
+	bool		ok = true;
 
-	for (i = 0; ok && i < natts; i++)
-		ok = !TupleDescAttr(tupdesc, i)->attisdropped &&
-			TupleDescAttr(tupdesc, i)->atttypid == types[i];
-	if (!ok)
+	if (tupdesc->tdtypeid != RECORDOID)
+	{
+		ok = rb_result_is(lookup_type_cache(tupdesc->tdtypeid, TYPECACHE_TUPDESC)->tupDesc,
+						  natts, types);
+		if (ok && !rb_result_is(tupdesc, natts, types))
+		{
+			result_types_stale = true;
+			tupdesc = rb_result_tupdesc(fcinfo);
+		}
+	}
+	if (!ok || !rb_result_is(tupdesc, natts, types))
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("function %s returns type %s, which is not as ratebucket defines it",
