@@ -676,7 +676,7 @@ rb_direct_untouched(ItemPointer tid)
  *		The new version of a row read as oldtup, with the known columns' new
  *		values, made as a copy of oldtup with each value written over the
  *		old one where it lies: what heap_modify_tuple_by_cols would form,
- *		for about a fifth of its cost (it takes every column apart and puts
+ *		for less than half its cost (it takes every column apart and puts
  *		the row together again).  The catalogs' updates are made the same
  *		way.  heap_update then sets the new version's header afresh.
  *
