@@ -7,11 +7,10 @@
 -- their signature, result, volatility, parallel safety, strictness, cost,
 -- SECURITY DEFINER, settings, source or C symbol, privileges (current and
 -- initial, as pg_dump sees them), dependencies and comment; the composite
--- types' columns; the tables' and the views'
--- columns (position, type, NOT NULL, default, comment, privileges),
--- options, indexes, constraints, triggers, privileges and comment; the
--- views' definitions; and the extension's own schema, configuration tables
--- and their conditions.
+-- types' columns; the tables' and the views' columns (position, type, NOT
+-- NULL, default, comment, privileges), options, indexes, constraints,
+-- triggers, privileges and comment; the views' definitions; and the
+-- extension's own schema, configuration tables and their conditions.
 --
 
 -- A privilege list as text, "grantee=privileges/grantor" (* for WITH GRANT
