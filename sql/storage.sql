@@ -156,62 +156,7 @@ SELECT (ctid::text::point)[0] > 0 AS past_the_first_page
 FROM ratebucket.buckets WHERE endpoint = 'st:last';
 SELECT count(*) > 0 AS dropped
 FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
--- VACUUM until the table is truncated to nothing: a concurrent ANALYZE's
--- snapshot (autovacuum's among them) can keep the dead rows for a moment.
-\o /dev/null
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\o
+\i test/sql/vacuum_until_empty.sql
 SELECT pg_relation_size('ratebucket.buckets') AS bytes_left;
 SELECT allowed, round(remaining::numeric, 3) AS remaining
 FROM ratebucket.bucket_take('st:last', 0.000001, 5);
@@ -220,62 +165,7 @@ FROM ratebucket.bucket_take('st:last', 0.000001, 5);
 SELECT ctid AS first_place FROM ratebucket.buckets WHERE endpoint = 'st:last' \gset
 SELECT allowed FROM ratebucket.bucket_take('st:last', 0.000001, 5);
 SELECT ratebucket.bucket_drop('st:last');
--- VACUUM until the table is truncated to nothing: a concurrent ANALYZE's
--- snapshot (autovacuum's among them) can keep the dead rows for a moment.
-\o /dev/null
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\if :vacuum_again
-SELECT pg_sleep(0.3);
-VACUUM ratebucket.buckets;
-SELECT pg_relation_size('ratebucket.buckets') > 0 AS vacuum_again \gset
-\endif
-\o
+\i test/sql/vacuum_until_empty.sql
 SELECT allowed FROM ratebucket.bucket_take('st:other', 0.000001, 5);
 SELECT ctid = :'first_place' AS other_in_its_place
 FROM ratebucket.buckets WHERE endpoint = 'st:other';
