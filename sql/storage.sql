@@ -174,6 +174,49 @@ FROM ratebucket.bucket_take('st:last', 0.000001, 5);
 SELECT endpoint, round(tokens::numeric, 3) AS tokens, takes_granted
 FROM ratebucket.buckets ORDER BY endpoint;
 
+-- Pruning: a take prunes the page its bucket lies on (removes the versions
+-- no transaction can see any more) only once the page is short of room,
+-- and then all of them at once.  A plain read prunes a page as soon as it
+-- has less free space than the fillfactor keeps, which at 50 a full page
+-- has after any update.  60 buckets fill the first page as far as the
+-- fillfactor lets them, and then some more; six takes of the first bucket,
+-- each committed, leave the six versions they replaced in place: the
+-- newest is the sixth line past the page's rows (a prune at each take
+-- would have freed the lines, and the newest would be the first or second).
+SELECT count(*) > 0 AS dropped
+FROM (SELECT ratebucket.bucket_drop(endpoint) FROM ratebucket.buckets) AS d;
+\i test/sql/vacuum_until_empty.sql
+SELECT count(*) AS created
+FROM (SELECT ratebucket.bucket_take('st:prune:' || g, 1000000, 1000000)
+	  FROM generate_series(1, 60) AS g) AS t;
+SELECT count(*) AS first_page_rows,
+	   pg_relation_size('ratebucket.buckets') AS bytes_before
+FROM ratebucket.buckets WHERE (ctid::text::point)[0] = 0 \gset
+SELECT ctid AS probe_place FROM ratebucket.buckets WHERE endpoint = 'st:prune:1';
+DO $$
+BEGIN
+	FOR i IN 1..6 LOOP
+		PERFORM ratebucket.bucket_take('st:prune:1', 1000000, 1000000);
+		COMMIT;
+	END LOOP;
+END $$;
+SELECT (ctid::text::point)[0] AS page,
+	   (ctid::text::point)[1] - :first_page_rows AS lines_past_the_rows
+FROM ratebucket.buckets WHERE endpoint = 'st:prune:1';
+-- A page short of room is pruned: after 300 more takes (the page has room
+-- for some 20 more versions) the row is still on the first page, and the
+-- table as long as it was.
+DO $$
+BEGIN
+	FOR i IN 1..300 LOOP
+		PERFORM ratebucket.bucket_take('st:prune:1', 1000000, 1000000);
+		COMMIT;
+	END LOOP;
+END $$;
+SELECT takes_granted, (ctid::text::point)[0] AS page,
+	   pg_relation_size('ratebucket.buckets') = :bytes_before AS same_length
+FROM ratebucket.buckets WHERE endpoint = 'st:prune:1';
+
 DROP TABLE storage_log;
 DROP FUNCTION storage_log_row();
 DROP FUNCTION storage_story(text);

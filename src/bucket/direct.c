@@ -413,6 +413,41 @@ rb_direct_lock_slot(TupleTableSlot *slot, Snapshot snapshot, RbDirectMode mode)
 }
 
 /*
+ * Pruning.  A heap fetch prunes the page it comes to (removes the row
+ * versions no transaction can see any more, compacts the page and writes a
+ * WAL record) when the page has less free space than the table's
+ * fillfactor reserves: with ratebucket.buckets at fillfactor 50, a page is
+ * half full of live rows right after it is pruned, so it is short again
+ * after the next update, and nearly every take paid for a prune of the
+ * version the take before it left.  A lookup here prunes a page only once
+ * its free space is below RB_PRUNE_BELOW, room left for about ten more
+ * versions of a row, and then removes all the dead versions in one go.
+ * heap_page_prune_opt still applies its own test (and needs the page free
+ * of other pins), so no page is pruned that a heap fetch would have left.
+ */
+#define RB_PRUNE_BELOW (BLCKSZ / 4)
+
+/*
+ * Point the heap fetch "fetch" (of the heap table the shape check ensured)
+ * at "block" before it fetches from there: it prunes only on a change of
+ * page, so it then leaves pruning to the test here.
+ */
+static void
+rb_direct_visit(IndexFetchTableData *fetch, BlockNumber block)
+{
+	IndexFetchHeapData *hfetch = (IndexFetchHeapData *) fetch;
+	Buffer		prev = hfetch->xs_cbuf;
+	Page		page;
+
+	hfetch->xs_cbuf = ReleaseAndReadBuffer(prev, fetch->rel, block);
+	if (hfetch->xs_cbuf == prev)
+		return;
+	page = BufferGetPage(hfetch->xs_cbuf);
+	if (PageIsFull(page) || PageGetHeapFreeSpace(page) < RB_PRUNE_BELOW)
+		heap_page_prune_opt(fetch->rel, hfetch->xs_cbuf);
+}
+
+/*
  * The version of the endpoint's row that "snapshot" sees, found through the
  * index, into "slot"; *root is the index entry's heap position.  False if
  * there is none.
@@ -449,6 +484,7 @@ rb_direct_fetch_indexed(text *endpoint, Snapshot snapshot,
 			if (entry == NULL)
 				break;
 			*root = *entry;
+			rb_direct_visit(scan->xs_heapfetch, ItemPointerGetBlockNumber(entry));
 		}
 		if (index_fetch_heap(scan, slot))
 		{
@@ -517,6 +553,7 @@ rb_direct_fetch_found(text *endpoint, uint32 hash, Snapshot snapshot,
 		return false;
 
 	fetch = table_index_fetch_begin(heap_rel);
+	rb_direct_visit(fetch, ItemPointerGetBlockNumber(&root));
 	found = table_index_fetch_tuple(fetch, &root, snapshot, slot, &call_again,
 									&all_dead);
 	table_index_fetch_end(fetch);
