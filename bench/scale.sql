@@ -1,8 +1,9 @@
 -- bench/scale.sql: objects of bench/run-scale, run once in each of its
 -- databases with
 --   psql -v ON_ERROR_STOP=1 -v nbuckets=<N>
--- Creates the extension and N buckets, ep1 .. epN, each exactly the row a
--- first bucket_take(ep, 1e6, 1e6) creates: one real take makes a template
+-- Creates the extension and N buckets, named 1 .. N as bench/setup.sql
+-- names them (bench/bucket_take.sql passes the number as the endpoint), each
+-- exactly the row a first bucket_take(ep, 1e6, 1e6) creates: one real take makes a template
 -- row, and N copies of it differ only in the endpoint.  The column list is
 -- read from the catalog, so this follows the table of the tree under test,
 -- and one INSERT ... SELECT is far quicker than 1,000,000 takes.  Then the
@@ -12,7 +13,7 @@ CREATE EXTENSION ratebucket;
 
 SELECT allowed AS template_created FROM ratebucket.bucket_take('template', 1e6, 1e6);
 
--- INSERT INTO ratebucket.buckets (<every column>) SELECT <'ep' || g for the
+-- INSERT INTO ratebucket.buckets (<every column>) SELECT <g::text for the
 -- endpoint, the template's value for every other column> ..., built from the
 -- catalog so that it follows the table's columns.  (Other tables the storage
 -- may add are not copied: the buckets are then created as a first take would
@@ -21,7 +22,7 @@ SELECT format('INSERT INTO ratebucket.buckets (%s) SELECT %s '
 			  'FROM ratebucket.buckets AS b, generate_series(1, %s) AS g '
 			  'WHERE b.endpoint = %L',
 			  string_agg(quote_ident(attname), ', ' ORDER BY attnum),
-			  string_agg(CASE WHEN attname = 'endpoint' THEN '''ep'' || g'
+			  string_agg(CASE WHEN attname = 'endpoint' THEN 'g::text'
 							  ELSE 'b.' || quote_ident(attname) END, ', ' ORDER BY attnum),
 			  :nbuckets, 'template')
 FROM pg_attribute AS a
@@ -110,7 +111,7 @@ BEGIN
 			UPDATE bare SET tokens = tokens - 1 WHERE id = k;
 		ELSE
 			SELECT t.allowed INTO ok
-			FROM ratebucket.bucket_take('ep' || k, 1e6, 1e6) AS t;
+			FROM ratebucket.bucket_take(k::text, 1e6, 1e6) AS t;
 		END IF;
 		COMMIT;
 	END LOOP;
