@@ -4,10 +4,11 @@
 -- Creates the extension and N buckets, named 1 .. N as bench/setup.sql
 -- names them (bench/bucket_take.sql passes the number as the endpoint),
 -- each exactly the row a first bucket_take(ep, 1e6, 1e6) creates: one real
--- take makes a template row, and N copies of it differ only in the endpoint.  The column list is
--- read from the catalog, so this follows the table of the tree under test,
--- and one INSERT ... SELECT is far quicker than 1,000,000 takes.  Then the
--- memory probe and the loops of the memory measurement.
+-- take makes a template row, and N copies of it differ only in the
+-- endpoint.  The column list is read from the catalog, so this follows the
+-- table of the tree under test, and one INSERT ... SELECT is far quicker
+-- than 1,000,000 takes.  Then the memory probe and the loops of the memory
+-- measurement.
 
 CREATE EXTENSION ratebucket;
 
