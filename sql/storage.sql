@@ -193,26 +193,23 @@ SELECT count(*) AS first_page_rows,
 	   pg_relation_size('ratebucket.buckets') AS bytes_before
 FROM ratebucket.buckets WHERE (ctid::text::point)[0] = 0 \gset
 SELECT ctid AS probe_place FROM ratebucket.buckets WHERE endpoint = 'st:prune:1';
-DO $$
+-- n takes of a bucket, each in a transaction of its own
+CREATE PROCEDURE storage_takes(p_endpoint text, n int)
+LANGUAGE plpgsql AS $$
 BEGIN
-	FOR i IN 1..6 LOOP
-		PERFORM ratebucket.bucket_take('st:prune:1', 1000000, 1000000);
+	FOR i IN 1..n LOOP
+		PERFORM ratebucket.bucket_take(p_endpoint, 1000000, 1000000);
 		COMMIT;
 	END LOOP;
 END $$;
+CALL storage_takes('st:prune:1', 6);
 SELECT (ctid::text::point)[0] AS page,
 	   (ctid::text::point)[1] - :first_page_rows AS lines_past_the_rows
 FROM ratebucket.buckets WHERE endpoint = 'st:prune:1';
 -- A page short of room is pruned: after 300 more takes (the page has room
 -- for some 20 more versions) the row is still on the first page, and the
 -- table as long as it was.
-DO $$
-BEGIN
-	FOR i IN 1..300 LOOP
-		PERFORM ratebucket.bucket_take('st:prune:1', 1000000, 1000000);
-		COMMIT;
-	END LOOP;
-END $$;
+CALL storage_takes('st:prune:1', 300);
 SELECT takes_granted, (ctid::text::point)[0] AS page,
 	   pg_relation_size('ratebucket.buckets') = :bytes_before AS same_length
 FROM ratebucket.buckets WHERE endpoint = 'st:prune:1';
@@ -220,6 +217,7 @@ FROM ratebucket.buckets WHERE endpoint = 'st:prune:1';
 DROP TABLE storage_log;
 DROP FUNCTION storage_log_row();
 DROP FUNCTION storage_story(text);
+DROP PROCEDURE storage_takes(text, int);
 
 -- Clean-up: nothing of this test is left behind (neither drop would pass
 -- without CASCADE if something were).
