@@ -859,6 +859,21 @@ rb_storage_relid(void)
 }
 
 /*
+ * rb_storage_known_relid
+ *		Outside a storage session: the table as this backend last found it,
+ *		or InvalidOid if it has not, or if it may have changed since.  The
+ *		invalidations other transactions sent are accepted first, as locking
+ *		the table would accept them, so a table dropped or recreated is
+ *		forgotten here as soon as a session would have noticed it.
+ */
+Oid
+rb_storage_known_relid(void)
+{
+	AcceptInvalidationMessages();
+	return table_relid;
+}
+
+/*
  * rb_storage_distributed
  *		Is this storage session's table distributed by Citus?
  */

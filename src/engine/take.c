@@ -6,8 +6,8 @@
  *
  * The ways a take goes, cheapest first:
  *	  0. an endpoint with a token reserve this backend knows of: drawn from
- *		 the reserve in shared memory, without touching the row
- *		 (bucket/reserve.c); the take that finds it empty goes on below,
+ *		 the reserve in shared memory, without touching the row or opening
+ *		 the table (bucket/reserve.c); the take that finds it empty goes on below,
  *		 and refills it with its write (decide.c, rb_reserve_cut);
  *	  1. an endpoint this backend knows to be striped: straight to its
  *		 stripes (striped.c);
@@ -50,8 +50,9 @@ rb_take_cached_stripes(text *endpoint, const RbTakeRequest *req,
 	return false;
 }
 
-static bool rb_take_reserved(text *endpoint, const RbTakeRequest *req,
-							 RbTakeResult *result, double *granted);
+static bool rb_take_reserved(text *endpoint, Oid relid,
+							 const RbTakeRequest *req, RbTakeResult *result,
+							 double *granted);
 
 /*
  * The optimistic take (rb_take_peeked) of the endpoint's row, or of its
@@ -68,7 +69,7 @@ rb_take_optimistic(text *endpoint, const RbTakeRequest *req,
 		return false;
 	/* a reserve this backend had not met: the read found it */
 	if (bucket.reserve.found &&
-		rb_take_reserved(endpoint, req, result, granted))
+		rb_take_reserved(endpoint, rb_storage_relid(), req, result, granted))
 		return true;
 	if (rb_is_stripe_parent(&bucket))
 	{
@@ -78,14 +79,14 @@ rb_take_optimistic(text *endpoint, const RbTakeRequest *req,
 	return rb_take_peeked(&bucket, req, result, granted);
 }
 
-/* A take from the endpoint's reserve (see the file header, 0). */
+/* A take from the endpoint's reserve for the table relid (see the file header, 0). */
 static bool
-rb_take_reserved(text *endpoint, const RbTakeRequest *req,
+rb_take_reserved(text *endpoint, Oid relid, const RbTakeRequest *req,
 				 RbTakeResult *result, double *granted)
 {
 	double		remaining;
 
-	if (!rb_reserve_draw(endpoint, rb_storage_relid(), req->use_config,
+	if (!rb_reserve_draw(endpoint, relid, req->use_config,
 						 req->rate, req->capacity, req->want, req->upto,
 						 req->nowait, granted, &remaining))
 		return false;
@@ -183,7 +184,8 @@ rb_take_locked_way(text *endpoint, const RbTakeRequest *req,
 		*result = rb_take_striped_now(endpoint, req, granted);
 	/* a reserve refilled by the transaction this take waited for */
 	else if (!(bucket.reserve.found &&
-			   rb_take_reserved(endpoint, req, result, granted)))
+			   rb_take_reserved(endpoint, rb_storage_relid(), req, result,
+								granted)))
 		rb_take_locked(&bucket, endpoint, req, result, granted);
 }
 
@@ -191,15 +193,28 @@ rb_take_locked_way(text *endpoint, const RbTakeRequest *req,
  * rb_engine_take
  *		The take itself, in a storage session of its own.  Sets *granted to
  *		the tokens granted (0 if refused).
+ *
+ * A draw from a reserve reads no row, so it comes before the session, once
+ * this backend knows the table: it neither opens nor locks the table, and
+ * so waits for no lock on it (a draw holds nothing a row's lock or the
+ * table's would protect).  Only when it cannot draw does the take open
+ * the session and go on.
  */
 RbTakeResult
 rb_engine_take(text *endpoint, const RbTakeRequest *req, double *granted)
 {
 	RbStorageSession session;
 	RbTakeResult result;
+	Oid			known = rb_storage_known_relid();
+
+	if (OidIsValid(known) &&
+		rb_take_reserved(endpoint, known, req, &result, granted))
+		return result;
 
 	rb_storage_begin(&session);
-	if (!rb_take_reserved(endpoint, req, &result, granted) &&
+	if (!(!OidIsValid(known) &&
+		  rb_take_reserved(endpoint, rb_storage_relid(), req, &result,
+						   granted)) &&
 		!rb_take_cached_stripes(endpoint, req, &result, granted) &&
 		!rb_take_optimistic(endpoint, req, &result, granted))
 		rb_take_locked_way(endpoint, req, &result, granted);
