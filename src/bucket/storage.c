@@ -859,17 +859,19 @@ rb_storage_relid(void)
 }
 
 /*
- * rb_storage_known_relid
- *		Outside a storage session: the table as this backend last found it,
- *		or InvalidOid if it has not, or if it may have changed since.  The
- *		invalidations other transactions sent are accepted first, as locking
- *		the table would accept them, so a table dropped or recreated is
- *		forgotten here as soon as a session would have noticed it.
+ * rb_storage_table
+ *		Outside a storage session: the table, for work that reads none of
+ *		its rows (a reserve's draw), found without opening or locking it.
+ *		The invalidations other transactions sent are accepted first, as
+ *		locking the table would accept them, so that a table dropped or
+ *		created again since is looked up afresh, by name in the catalogs.
  */
 Oid
-rb_storage_known_relid(void)
+rb_storage_table(void)
 {
 	AcceptInvalidationMessages();
+	if (!OidIsValid(table_relid))
+		rb_lookup_table();
 	return table_relid;
 }
 

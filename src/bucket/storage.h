@@ -44,7 +44,7 @@ extern SPIPlanPtr rb_spi_plan(SPIPlanPtr *plan, const char *sql, int nargs,
 							  Oid *argtypes);
 extern bool rb_is_distributed(Oid relid);
 extern Oid	rb_storage_relid(void);
-extern Oid	rb_storage_known_relid(void);
+extern Oid	rb_storage_table(void);
 extern bool rb_storage_distributed(void);
 extern void rb_lock_shard_of(SPIPlanPtr *plan, const char *relation, text *key);
 

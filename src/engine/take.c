@@ -194,28 +194,22 @@ rb_take_locked_way(text *endpoint, const RbTakeRequest *req,
  *		The take itself, in a storage session of its own.  Sets *granted to
  *		the tokens granted (0 if refused).
  *
- * A draw from a reserve reads no row, so it comes before the session, once
- * this backend knows the table: it neither opens nor locks the table, and
- * so waits for no lock on it (a draw holds nothing a row's lock or the
- * table's would protect).  Only when it cannot draw does the take open
- * the session and go on.
+ * A draw from a reserve reads no row, so it comes before the session: it
+ * neither opens nor locks the table, and so waits for no lock on it (a
+ * draw holds nothing a row's lock or the table's would protect).  Only
+ * when it cannot draw does the take open the session and go on.
  */
 RbTakeResult
 rb_engine_take(text *endpoint, const RbTakeRequest *req, double *granted)
 {
 	RbStorageSession session;
 	RbTakeResult result;
-	Oid			known = rb_storage_known_relid();
 
-	if (OidIsValid(known) &&
-		rb_take_reserved(endpoint, known, req, &result, granted))
+	if (rb_take_reserved(endpoint, rb_storage_table(), req, &result, granted))
 		return result;
 
 	rb_storage_begin(&session);
-	if (!(!OidIsValid(known) &&
-		  rb_take_reserved(endpoint, rb_storage_relid(), req, &result,
-						   granted)) &&
-		!rb_take_cached_stripes(endpoint, req, &result, granted) &&
+	if (!rb_take_cached_stripes(endpoint, req, &result, granted) &&
 		!rb_take_optimistic(endpoint, req, &result, granted))
 		rb_take_locked_way(endpoint, req, &result, granted);
 	/* a row that leased its refill to the reserve: which grants sooner */
