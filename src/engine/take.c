@@ -7,8 +7,8 @@
  * The ways a take goes, cheapest first:
  *	  0. an endpoint with a token reserve this backend knows of: drawn from
  *		 the reserve in shared memory, without touching the row or opening
- *		 the table (bucket/reserve.c); the take that finds it empty goes on below,
- *		 and refills it with its write (decide.c, rb_reserve_cut);
+ *		 the table (bucket/reserve.c); the take that finds it empty goes on
+ *		 below, and refills it with its write (decide.c, rb_reserve_cut);
  *	  1. an endpoint this backend knows to be striped: straight to its
  *		 stripes (striped.c);
  *	  2. optimistically: the row read without a lock, decided, and written
@@ -79,7 +79,7 @@ rb_take_optimistic(text *endpoint, const RbTakeRequest *req,
 	return rb_take_peeked(&bucket, req, result, granted);
 }
 
-/* A take from the endpoint's reserve for the table relid (see the file header, 0). */
+/* A take from the endpoint's reserve of table relid (the file header, 0). */
 static bool
 rb_take_reserved(text *endpoint, Oid relid, const RbTakeRequest *req,
 				 RbTakeResult *result, double *granted)
