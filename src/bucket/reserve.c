@@ -305,6 +305,13 @@ rb_reserve_available(void)
 	return reserve_shared != NULL;
 }
 
+/* Does this backend know of a reserve, one it could draw from? */
+bool
+rb_reserve_known(void)
+{
+	return reserve_cache != NULL && hash_get_num_entries(reserve_cache) > 0;
+}
+
 /* The endpoint as a key (false if too long for a reserve). */
 static bool
 rb_reserve_key(text *endpoint, Oid relid, RbReserveKey *key)
@@ -732,7 +739,7 @@ rb_reserve_draw(text *endpoint, Oid relid, bool use_config, double rate,
 	int			tries;
 	int			r = -1;
 
-	if (reserve_cache == NULL || hash_get_num_entries(reserve_cache) == 0 ||
+	if (!rb_reserve_known() ||
 		len > RB_RESERVE_MAX_ENDPOINT || XactReadOnly)
 		return false;
 	memcpy(name, VARDATA_ANY(endpoint), len);
@@ -776,7 +783,7 @@ rb_reserve_wait(text *endpoint, Oid relid, bool use_config, double rate,
 	double		need = upto > 0 ? 1.0 : want;
 	double		usecs = -1.0;
 
-	if (reserve_cache == NULL || hash_get_num_entries(reserve_cache) == 0 ||
+	if (!rb_reserve_known() ||
 		len > RB_RESERVE_MAX_ENDPOINT)
 		return wait;
 	memcpy(name, VARDATA_ANY(endpoint), len);

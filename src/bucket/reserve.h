@@ -40,6 +40,7 @@ typedef struct RbReserveInfo
 
 extern void rb_reserve_init(void);
 extern bool rb_reserve_available(void);
+extern bool rb_reserve_known(void);
 
 /* storage.c: every row read and written */
 extern void rb_reserve_read(RbBucket *bucket, Oid relid);

@@ -197,7 +197,8 @@ rb_take_locked_way(text *endpoint, const RbTakeRequest *req,
  * A draw from a reserve reads no row, so it comes before the session: it
  * neither opens nor locks the table, and so waits for no lock on it (a
  * draw holds nothing a row's lock or the table's would protect).  Only
- * when it cannot draw does the take open the session and go on.
+ * when it cannot draw does the take open the session and go on; a backend
+ * that knows of no reserve goes there at once.
  */
 RbTakeResult
 rb_engine_take(text *endpoint, const RbTakeRequest *req, double *granted)
@@ -205,7 +206,8 @@ rb_engine_take(text *endpoint, const RbTakeRequest *req, double *granted)
 	RbStorageSession session;
 	RbTakeResult result;
 
-	if (rb_take_reserved(endpoint, rb_storage_table(), req, &result, granted))
+	if (rb_reserve_known() &&
+		rb_take_reserved(endpoint, rb_storage_table(), req, &result, granted))
 		return result;
 
 	rb_storage_begin(&session);
