@@ -63,6 +63,11 @@
  *                            --max-seconds ends (if given)
  *   --max-seconds N          exit after N seconds
  *   --quiet                  only errors and the final summary
+ *   --claim-log FILE         write one line per request handed to
+ *                            libcurl: event id, attempt, and when the
+ *                            claim that took its tokens was sent
+ *                            (CLOCK_MONOTONIC, microseconds): the tokens
+ *                            were taken after that
  *   --by-endpoint            claim endpoint by endpoint (due_endpoints,
  *                            claim_endpoint, record_endpoint), as a queue
  *                            distributed over Citus needs (doc/citus.md):
@@ -292,7 +297,12 @@ static struct
     bool quiet;
     bool by_endpoint;           /* claim endpoint by endpoint */
     int poll_ms;                /* --by-endpoint: sleep when nothing claimable */
-} opt = {NULL, 4, 80, 10, 30, 5000, false, 0, false, false, 100};
+    const char *claim_log;      /* --claim-log: the file's path, or NULL */
+} opt = {NULL, 4, 80, 10, 30, 5000, false, 0, false, false, 100, NULL};
+
+static FILE *claim_log;         /* opened before the threads start */
+static pthread_mutex_t claim_log_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool claim_log_failed;   /* guarded by claim_log_lock */
 
 static double start_time;       /* set before the threads start */
 static atomic_bool stopping;    /* finish the batch in flight, then exit */
@@ -943,6 +953,14 @@ start_request(Worker *w, Request *r, int row)
     }
     r->active = true;
     r->sent_mono = now_s();
+    if (claim_log != NULL)
+    {
+        pthread_mutex_lock(&claim_log_lock);
+        if (fprintf(claim_log, "%s,%ld,%lld\n", id, attempt,
+                    (long long) llround(w->claimed_mono * 1e6)) < 0)
+            claim_log_failed = true;
+        pthread_mutex_unlock(&claim_log_lock);
+    }
     return true;
 
 no_memory:
@@ -1990,7 +2008,7 @@ usage(FILE *f)
             "usage: dispatcher --dsn DSN [--workers 4] [--batch 80]\n"
             "                  [--per-endpoint 10] [--lease-seconds 30] [--timeout-ms 5000]\n"
             "                  [--until-empty] [--max-seconds N] [--quiet]\n"
-            "                  [--by-endpoint [--poll-ms 100]]\n"
+            "                  [--by-endpoint [--poll-ms 100]] [--claim-log FILE]\n"
             "Delivers the events of webhook_events (ratebucket_queue) over HTTP.\n");
 }
 
@@ -2026,6 +2044,7 @@ parse_options(int argc, char **argv)
         {"quiet", no_argument, NULL, 'q'},
         {"by-endpoint", no_argument, NULL, 'e'},
         {"poll-ms", required_argument, NULL, 'P'},
+        {"claim-log", required_argument, NULL, 'c'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}
     };
@@ -2075,6 +2094,9 @@ parse_options(int argc, char **argv)
                 break;
             case 'P':
                 opt.poll_ms = parse_int_option("poll-ms", optarg, 1, 60000);
+                break;
+            case 'c':
+                opt.claim_log = optarg;
                 break;
             case 'h':
                 usage(stdout);
@@ -2149,6 +2171,12 @@ main(int argc, char **argv)
         return EXIT_FAILED;
     }
 
+    if (opt.claim_log != NULL && (claim_log = fopen(opt.claim_log, "w")) == NULL)
+    {
+        fprintf(stderr, "dispatcher: cannot write %s: %s\n", opt.claim_log, strerror(errno));
+        return EXIT_FAILED;
+    }
+
     workers = calloc((size_t) opt.workers, sizeof(Worker));
     if (workers == NULL)
         out_of_memory();
@@ -2183,6 +2211,11 @@ main(int argc, char **argv)
     }
     elapsed = now_s() - start_time;
     print_summary(elapsed, failed);
+    if (claim_log != NULL && (fclose(claim_log) != 0 || claim_log_failed))
+    {
+        fprintf(stderr, "dispatcher: could not write %s\n", opt.claim_log);
+        failed++;
+    }
 
     free(workers);
     close(stop_pipe[0]);

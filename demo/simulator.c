@@ -23,10 +23,13 @@
  * --log         the request log, created or truncated (below).
  * --seed        seed of the failure draws of fail=P (default 1).
  * --ready-file  written once every listener that should be up at start is
- *               listening, two lines: the pid, then the wall-clock time
- *               (CLOCK_REALTIME, microseconds since the Unix epoch) of the
- *               start, the moment t_us 0 of the log stands for, so that
- *               other clocks can be put on the log's axis; removed at exit.
+ *               listening, three lines: the pid, then the moment t_us 0
+ *               of the log stands for (the start) on two clocks, so that
+ *               other clocks can be put on the log's axis: the wall clock
+ *               (CLOCK_REALTIME, microseconds since the Unix epoch) and
+ *               CLOCK_MONOTONIC (microseconds, the clock the log counts
+ *               on, which other processes of this machine share); removed
+ *               at exit.
  * It runs until SIGTERM or SIGINT, then closes its listeners and their
  * connections (waiting for requests being handled; an answer still held by
  * delay_ms is logged but may not reach the client), flushes the log and
@@ -1499,12 +1502,12 @@ parse_args(int argc, char **argv)
 }
 
 /*
- * Write the pid, then the start's wall-clock time in microseconds (what t_us
- * 0 of the log is), one a line, to path, atomically (a temp file renamed
- * into place).
+ * Write the pid, then the start's wall-clock time and CLOCK_MONOTONIC time in
+ * microseconds (what t_us 0 of the log is), one a line, to path, atomically
+ * (a temp file renamed into place).
  */
 static void
-write_ready_file(const char *path, int64_t t0_wall_us)
+write_ready_file(const char *path, int64_t t0_wall_us, int64_t t0_mono_us)
 {
     size_t len = strlen(path) + 32;
     char *tmp = xcalloc(len, 1);
@@ -1514,7 +1517,8 @@ write_ready_file(const char *path, int64_t t0_wall_us)
     f = fopen(tmp, "w");
     if (f == NULL)
         fail_exit(EXIT_FAILURE, "cannot write %s: %s", tmp, strerror(errno));
-    if (fprintf(f, "%ld\n%" PRId64 "\n", (long) getpid(), t0_wall_us) < 0 || fclose(f) != 0 ||
+    if (fprintf(f, "%ld\n%" PRId64 "\n%" PRId64 "\n", (long) getpid(), t0_wall_us,
+                t0_mono_us) < 0 || fclose(f) != 0 ||
         rename(tmp, path) != 0)
         fail_exit(EXIT_FAILURE, "cannot write %s: %s", path, strerror(errno));
     free(tmp);
@@ -1593,7 +1597,7 @@ main(int argc, char **argv)
     create_listeners(&sim, opt.port);
     start_listeners(&sim);
     if (opt.ready_path != NULL)
-        write_ready_file(opt.ready_path, sim.t0_wall_us);
+        write_ready_file(opt.ready_path, sim.t0_wall_us, sim.t0_ns / 1000);
 
     run_until_signal(&sim, &stop_signals);
 

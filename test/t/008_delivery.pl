@@ -19,8 +19,10 @@
 #      never costs an attempt; a connection refused is not a request);
 #   4. no 429 from destinations whose true limit is at or above the
 #      configured one;
-#   5. per destination, arrivals over any window T within rate*T + capacity,
-#      plus rate*0.25 s for the spread of a batch sent concurrently;
+#   5. per destination, arrivals over any window T within
+#      rate*(T + d) + capacity, d the longest time from the claim that took a
+#      request's tokens (the dispatcher's --claim-log) to its arrival: the
+#      grants the limiter bounds by rate*T + capacity lie between the two;
 #   6. over the second half of its delivery, each delivered (2xx arrivals
 #      per second) at least 0.8 x its true limit (for the one whose limit
 #      changes, its mean then, leaving out the 15 s after each change,
@@ -40,7 +42,7 @@
 #  11. the unreachable destination tripped its breaker, then got everything;
 #  12. two endpoints sharing an account's rate (their events' limits): their
 #      arrivals together, over any window T, within the account's
-#      rate*T + capacity (+ the same jitter), less than their own two allow;
+#      rate*(T + d) + capacity (d as in 5), less than their own two allow;
 #  13. two endpoints sharing a daily quota of three quarters of their events:
 #      never more requests than the quota (per UTC day the run touched), and
 #      it ran out: the rest wait, pending, for its reset at midnight UTC
