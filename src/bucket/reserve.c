@@ -822,12 +822,13 @@ rb_reserve_wait(text *endpoint, Oid relid, bool use_config, double rate,
  *		move up to a batch of the whole tokens the take left into the
  *		reserve, and lease the row's refill to it (nothing, if the endpoint
  *		is not in its steady state: paused, cooling down, breaker not
- *		closed).  The row also counts the draws committed since the last
- *		refill.  Returns the tokens moved; the caller hands them over
- *		(rb_reserve_hand) once the row is written.
+ *		closed, or if "here" is false: the row is not this node's alone,
+ *		on a table Citus distributed).  The row also counts the draws
+ *		committed since the last refill.  Returns the tokens moved; the
+ *		caller hands them over (rb_reserve_hand) once the row is written.
  */
 double
-rb_reserve_cut(RbBucket *bucket, TimestampTz now)
+rb_reserve_cut(RbBucket *bucket, TimestampTz now, bool here)
 {
 	RbBucketNow state;
 	double		n;
@@ -835,7 +836,7 @@ rb_reserve_cut(RbBucket *bucket, TimestampTz now)
 	bucket->reserve.saved_takes = 0;
 	bucket->reserve.saved_tokens = 0.0;
 	bucket->reserve.leased = false;
-	if (reserve_shared == NULL || !rb_has_reserve(bucket) ||
+	if (reserve_shared == NULL || !here || !rb_has_reserve(bucket) ||
 		rb_is_quota(bucket))
 		return 0.0;
 	rb_bucket_now(bucket, now, &state);
@@ -1132,8 +1133,25 @@ rb_actions_settle(SubTransactionId subid, bool commit, bool prepared)
 {
 	int			i;
 	int			kept = 0;
-	bool		durable = commit && !prepared && rb_commit_is_durable();
-	TimestampTz now = GetCurrentTimestamp();
+	bool		refills = false;
+	bool		durable = false;
+	TimestampTz now = 0;
+
+	/*
+	 * Only a refill asks whether the commit is durable, and when it is now:
+	 * a transaction that only drew (every take of a hot endpoint but about
+	 * one per lease) asks neither, and so takes no lock on the WAL's flush
+	 * position at its commit.
+	 */
+	for (i = 0; i < nactions; i++)
+		if (actions[i].refill &&
+			(subid == InvalidSubTransactionId || actions[i].subid == subid))
+			refills = true;
+	if (refills)
+	{
+		durable = commit && !prepared && rb_commit_is_durable();
+		now = GetCurrentTimestamp();
+	}
 
 	for (i = 0; i < nactions; i++)
 	{

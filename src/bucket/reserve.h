@@ -54,7 +54,7 @@ extern bool rb_reserve_draw(text *endpoint, Oid relid, bool use_config,
 extern double rb_reserve_wait(text *endpoint, Oid relid, bool use_config,
 							  double rate, double capacity, double want,
 							  int64 upto, double wait);
-extern double rb_reserve_cut(RbBucket *bucket, TimestampTz now);
+extern double rb_reserve_cut(RbBucket *bucket, TimestampTz now, bool here);
 extern void rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens,
 							bool use_config, double req_rate,
 							double req_capacity, TimestampTz now);

@@ -877,7 +877,8 @@ rb_storage_table(void)
 
 /*
  * rb_storage_distributed
- *		Is this storage session's table distributed by Citus?
+ *		Is the table distributed by Citus?  As of the storage session, or of
+ *		rb_storage_table.
  */
 bool
 rb_storage_distributed(void)

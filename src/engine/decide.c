@@ -120,7 +120,7 @@ rb_take_peeked(RbBucket *bucket, const RbTakeRequest *req,
 	if (result->allowed)
 	{
 		rb_bucket_count_grant(bucket, *granted, now);
-		moved = rb_reserve_cut(bucket, now);
+		moved = rb_reserve_cut(bucket, now, !rb_storage_distributed());
 	}
 	if (!rb_storage_update_unchanged(bucket))
 		return false;
@@ -194,7 +194,7 @@ rb_take_write(RbBucket *bucket, const RbTakeRequest *req, double rate,
 		if (result->allowed)
 		{
 			rb_bucket_count_grant(bucket, *granted, now);
-			moved = rb_reserve_cut(bucket, now);
+			moved = rb_reserve_cut(bucket, now, !rb_storage_distributed());
 		}
 		rb_storage_update(bucket);
 		rb_take_refilled(bucket, req, moved, result, now);

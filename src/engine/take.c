@@ -8,7 +8,8 @@
  *	  0. an endpoint with a token reserve this backend knows of: drawn from
  *		 the reserve in shared memory, without touching the row or opening
  *		 the table (bucket/reserve.c); the take that finds it empty goes on
- *		 below, and refills it with its write (decide.c, rb_reserve_cut);
+ *		 below, and refills it with its write (decide.c, rb_reserve_cut).
+ *		 Never on a table Citus distributed;
  *	  1. an endpoint this backend knows to be striped: straight to its
  *		 stripes (striped.c);
  *	  2. optimistically: the row read without a lock, decided, and written
@@ -206,16 +207,29 @@ rb_engine_take(text *endpoint, const RbTakeRequest *req, double *granted)
 	RbStorageSession session;
 	RbTakeResult result;
 
-	if (rb_reserve_known() &&
-		rb_take_reserved(endpoint, rb_storage_table(), req, &result, granted))
-		return result;
+	if (rb_reserve_known())
+	{
+		Oid			relid = rb_storage_table();
+
+		/*
+		 * Not where Citus distributed the table: there a take reaches its
+		 * row through the endpoint's shard, which other nodes' takes reach
+		 * too, and a reserve this node kept from before would give out
+		 * tokens they cannot see (bucket_reserve refuses such a table, but
+		 * a reserve made first stays).
+		 */
+		if (!rb_storage_distributed() &&
+			rb_take_reserved(endpoint, relid, req, &result, granted))
+			return result;
+	}
 
 	rb_storage_begin(&session);
 	if (!rb_take_cached_stripes(endpoint, req, &result, granted) &&
 		!rb_take_optimistic(endpoint, req, &result, granted))
 		rb_take_locked_way(endpoint, req, &result, granted);
 	/* a row that leased its refill to the reserve: which grants sooner */
-	if (!result.allowed && result.wait_seconds > 0.0)
+	if (!result.allowed && result.wait_seconds > 0.0 &&
+		!rb_storage_distributed())
 		result.wait_seconds = rb_reserve_wait(endpoint, rb_storage_relid(),
 											  req->use_config, req->rate,
 											  req->capacity, req->want,

@@ -63,7 +63,7 @@ plan skip_all => "Citus is not installed ($libdir/citus.so is missing): "
 # ------------------------------------------------------------ the cluster --
 
 my $conf = q{
-shared_preload_libraries = 'citus'
+shared_preload_libraries = 'citus,ratebucket'
 max_connections = 100
 max_prepared_transactions = 100
 citus.shard_count = 8
@@ -99,8 +99,50 @@ for my $w (@workers)
 
 # ------------------------------------------------------------ distribute --
 
-my $did = $coord->safe_psql('postgres',
-	q{SELECT string_agg(object || ': ' || action, E'\n' ORDER BY object) FROM ratebucket.distribute()});
+# One session, as an application's long-lived connection would be: an
+# endpoint given a token reserve while the table is still local (bucket_reserve
+# refuses a distributed one), taken from (a refill through the row, then
+# draws from this node's shared memory, which the session now knows of);
+# then distribute(); then takes again.  Once the table is distributed the
+# reserve serves no take: the takes on the coordinator (in a FROM list, not
+# delegated) and those delegated to the endpoint's worker all go through
+# its row, and no refill moves tokens into any node's memory.
+# Each take a statement of its own, so a transaction of its own (a refill's
+# tokens are drawable once it commits); in a join, so that Citus runs the
+# call on the coordinator rather than send it to the endpoint's worker.
+# (Not a join with VALUES or a subquery: planning one crashes Citus 13.2,
+# doc/citus.md.)
+my $take_here = q{SELECT count(*) FILTER (WHERE t.allowed) AS n
+FROM generate_series(1, 1) AS g, LATERAL ratebucket.bucket_take('reserved:early') AS t \gset
+SELECT :taken + :n AS taken \gset
+};
+my $session = $coord->safe_psql('postgres', q{
+SELECT ratebucket.bucket_configure('reserved:early', 1000, 1000) IS NULL AS c \gset
+SELECT ratebucket.bucket_reserve('reserved:early', 100) IS NULL AS r \gset
+SELECT 0 AS taken \gset
+} . ($take_here x 5) . q{
+SELECT :taken AS early_taken \gset
+SELECT draws AS early_draws FROM ratebucket.bucket_reserves() WHERE endpoint = 'reserved:early' \gset
+SELECT string_agg(object || ': ' || action, E'\n' ORDER BY object) AS did
+FROM ratebucket.distribute() \gset
+SELECT takes_granted AS row_before FROM ratebucket.bucket_status
+WHERE endpoint = 'reserved:early' \gset
+SELECT 0 AS taken \gset
+} . ($take_here x 20) . q{
+SELECT allowed AS d1 FROM ratebucket.bucket_take('reserved:early') \gset
+SELECT allowed AS d2 FROM ratebucket.bucket_take('reserved:early') \gset
+SELECT allowed AS d3 FROM ratebucket.bucket_take('reserved:early') \gset
+SELECT takes_granted - :row_before AS row_added FROM ratebucket.bucket_status
+WHERE endpoint = 'reserved:early' \gset
+SELECT coalesce((SELECT draws FROM ratebucket.bucket_reserves()
+                 WHERE endpoint = 'reserved:early'), 0) AS late_draws \gset
+SELECT :early_taken, :early_draws, :taken, :'d1' || :'d2' || :'d3', :row_added, :late_draws;
+\echo :did
+});
+my ($figures, $did) = split /\n/, $session, 2;
+my ($early_taken, $early_draws, $late_taken, $delegated, $row_added, $late_draws) = split /\|/, $figures;
+is($early_taken, 5, 'before distribute(): five takes of an endpoint with a reserve');
+is($early_draws, 4, '... of which the reserve served all but the first, the refill');
 note($did);
 like($did, qr{^ratebucket\.buckets: distributed by endpoint$}m, 'buckets distributed by endpoint');
 like($did, qr{^ratebucket\.bucket_take\(text,double precision,double precision,double precision\): delegated}m,
@@ -108,6 +150,13 @@ like($did, qr{^ratebucket\.bucket_take\(text,double precision,double precision,d
 my $again = $coord->safe_psql('postgres',
 	q{SELECT count(*) FILTER (WHERE action LIKE 'already%') || ' of ' || count(*) FROM ratebucket.distribute()});
 like($again, qr{^(\d+) of \1$}, "distribute() again changes nothing ($again already so)");
+is("$late_taken $delegated", '20 ttt',
+	'distributed, the same session: twenty takes on the coordinator and three delegated, granted');
+is($row_added, 23, '... every one counted in its row (none drawn from a reserve)');
+is($late_draws, $early_draws, "... and the coordinator's reserve drew no more");
+is($_->safe_psql('postgres', q{SELECT count(*) FROM ratebucket.bucket_reserves()}), '0',
+	$_->name . ': no reserve refilled there')
+  for @workers;
 
 # --------------------------------------------------------------- delegated --
 
