@@ -157,8 +157,9 @@ FROM d GROUP BY name;
 -- allows rate*(T + d) + capacity arrivals, which checks 5 and 12 hold them
 -- to (d over every request of the endpoint, or of the shared limit).  A
 -- request logged by the simulator but not by the dispatcher has no bound
--- (NULL), and fails them.  (An event claimed twice with the same attempt, a
--- lease expired, is paired with its latest claim sent before the arrival.)
+-- (NULL), and fails them.  (An event claimed again with the same attempt,
+-- its request never having left or its lease having expired, is paired
+-- with its latest claim sent before the arrival.)
 CREATE TEMP TABLE delays AS
 WITH c AS (
     SELECT c.event_id, c.attempt, c.claim_mono_us - r.sim_mono_us AS claim_us
