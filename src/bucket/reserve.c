@@ -318,6 +318,9 @@ rb_reserve_key(text *endpoint, Oid relid, RbReserveKey *key)
 {
 	int			len = VARSIZE_ANY_EXHDR(endpoint);
 
+	/* a call keeps its table to its end (storage.c): never a key without it */
+	if (!OidIsValid(relid))
+		elog(ERROR, "token reserve looked up without its table");
 	if (len > RB_RESERVE_MAX_ENDPOINT)
 		return false;
 	memset(key, 0, sizeof(*key));

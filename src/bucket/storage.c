@@ -166,10 +166,20 @@ static SPIPlanPtr update_plan = NULL;
 static SPIPlanPtr delete_plan = NULL;
 static SPIPlanPtr shard_lock_plan = NULL;	/* Citus: rb_lock_shard */
 
-/* ratebucket.buckets and its owner, cached until the relcache says otherwise. */
+/*
+ * ratebucket.buckets and its owner, as the current call resolved them.  A
+ * call resolves them once, when it begins (rb_storage_begin,
+ * rb_storage_table), and keeps them to its end, whatever invalidations it
+ * hears meanwhile: the reserves of its endpoints are keyed by this oid, and
+ * a call that lost it halfway would no longer find, cap or drain them.  An
+ * invalidation of the table (or of every relation) only marks them stale,
+ * and the next call to begin looks them up again.
+ */
 static Oid	table_relid = InvalidOid;
 static Oid	table_owner = InvalidOid;
 static bool table_distributed = false;	/* by Citus: see rb_is_distributed */
+static bool table_stale = true;
+static Oid	lookup_relid = InvalidOid;	/* the table, while it is looked up */
 
 /* The columns as direct.c sees them: rb_columns' names and SQL types. */
 static RbDirectColumn direct_columns[RB_NCOLUMNS];
@@ -178,13 +188,17 @@ static RbDirectColumn direct_columns[RB_NCOLUMNS];
 static bool session_direct = false;
 static bool session_spi = false;
 
-/* Forget the cached table when any relation cache entry is invalidated. */
+/*
+ * The table's relation cache entry was invalidated (its columns, its owner,
+ * its drop, Citus distributing it), or every entry (InvalidOid): look the
+ * table up again when the next call begins.  Never cleared here, since this
+ * runs in the middle of calls (any relation's open or lock, SPI's steps).
+ */
 static void
-rb_storage_relcache_callback(Datum arg pg_attribute_unused(),
-							 Oid relid pg_attribute_unused())
+rb_storage_relcache_callback(Datum arg pg_attribute_unused(), Oid relid)
 {
-	table_relid = InvalidOid;
-	table_owner = InvalidOid;
+	if (relid == InvalidOid || relid == table_relid || relid == lookup_relid)
+		table_stale = true;
 }
 
 /* The SQL type of a column kind. */
@@ -382,6 +396,9 @@ rb_lookup_table(void)
 	HeapTuple	tuple;
 	Oid			owner;
 
+	/* an invalidation heard from here on is for the next call to act on */
+	table_stale = false;
+	table_relid = InvalidOid;
 	nspid = get_namespace_oid(RB_SCHEMA, true);
 	if (OidIsValid(nspid))
 		relid = get_relname_relid(RB_TABLE, nspid);
@@ -390,6 +407,7 @@ rb_lookup_table(void)
 				(errcode(ERRCODE_UNDEFINED_TABLE),
 				 errmsg("relation \"%s.%s\" does not exist", RB_SCHEMA, RB_TABLE),
 				 errhint("Run CREATE EXTENSION ratebucket in this database.")));
+	lookup_relid = relid;
 
 	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
 	if (!HeapTupleIsValid(tuple))
@@ -400,6 +418,7 @@ rb_lookup_table(void)
 	table_distributed = rb_is_distributed(relid);
 	table_relid = relid;
 	table_owner = owner;
+	lookup_relid = InvalidOid;
 }
 
 /*
@@ -414,7 +433,7 @@ rb_lookup_table(void)
 static void
 rb_storage_begin_session(RbStorageSession *session, bool peek_only)
 {
-	if (!OidIsValid(table_relid))
+	if (table_stale || !OidIsValid(table_relid))
 		rb_lookup_table();
 
 	GetUserIdAndSecContext(&session->save_userid, &session->save_sec_context);
@@ -870,7 +889,7 @@ Oid
 rb_storage_table(void)
 {
 	AcceptInvalidationMessages();
-	if (!OidIsValid(table_relid))
+	if (table_stale || !OidIsValid(table_relid))
 		rb_lookup_table();
 	return table_relid;
 }

@@ -10,10 +10,15 @@
  *
  * Configured takes meet endpoints without a configuration often (every
  * claim peeks each endpoint whose events it walks), so each backend keeps
- * the templates in memory, read once and again only when they change: a
- * statement trigger on the table (ratebucket.bucket_templates_changed)
- * invalidates the table's relcache entry, which every backend hears of at
- * the latest when it next looks for a template, and which drops its copy.
+ * the templates in memory, read once and again only when they change.  A
+ * change invalidates the table's relcache entry, which every backend hears
+ * of at the latest when it next looks for a template, and which drops its
+ * copy: bucket_template and bucket_template_drop send that invalidation
+ * themselves, and a statement trigger on the table
+ * (ratebucket.bucket_templates_changed) sends it for any other write (a
+ * restore, an UPDATE of the table).  The functions do not rely on the
+ * trigger, which does not fire under session_replication_role = replica
+ * or when it is disabled.
  * The copy is read with the latest snapshot, whatever the isolation level,
  * and so are the endpoints a change is carried to.
  *

@@ -242,6 +242,12 @@ rb_engine_template_set(const RbTemplate *tmpl, bool *created)
 	rb_storage_begin(&session);
 	rb_template_lock(true);
 	*created = rb_template_store(tmpl);
+	/*
+	 * Every backend's copy of the templates is read again, this one's at
+	 * once: told here, not left to the table's trigger, which does not fire
+	 * under session_replication_role = replica or when it is disabled.
+	 */
+	rb_template_invalidate();
 	endpoints = rb_template_followers(tmpl->pattern, true);
 	foreach(lc, endpoints)
 	{
