@@ -69,6 +69,7 @@ typedef enum RbDirectShape
 static RbDirectShape shape = RB_SHAPE_UNKNOWN;
 static Oid	shape_relid = InvalidOid;
 static Oid	shape_indexid = InvalidOid;
+static uint64 shape_invalidations = 0;	/* heard so far, see rb_direct_shape */
 static AttrNumber shape_endpoint_attno;
 static int	shape_ncolumns;
 static int	shape_attnums[RB_DIRECT_MAX_COLUMNS];
@@ -172,6 +173,7 @@ rb_direct_relcache_callback(Datum arg pg_attribute_unused(), Oid relid)
 		shape = RB_SHAPE_UNKNOWN;
 		shape_relid = InvalidOid;
 		shape_indexid = InvalidOid;
+		shape_invalidations++;
 	}
 }
 
@@ -190,7 +192,8 @@ rb_direct_init(void)
  *		the column numbers if so.
  */
 static RbDirectShape
-rb_direct_check_shape(Relation rel, const RbDirectColumn *columns, int ncolumns)
+rb_direct_check_shape(Relation rel, const RbDirectColumn *columns, int ncolumns,
+					  Oid *indexid)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
 	List	   *indexes;
@@ -234,9 +237,49 @@ rb_direct_check_shape(Relation rel, const RbDirectColumn *columns, int ncolumns)
 		heap_attisnull(irel->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
 		heap_attisnull(irel->rd_indextuple, Anum_pg_index_indpred, NULL) &&
 		irel->rd_index->indisvalid && irel->rd_index->indisready;
-	shape_indexid = RelationGetRelid(irel);
+	*indexid = RelationGetRelid(irel);
 	index_close(irel, AccessShareLock);
 	return ok ? RB_SHAPE_USABLE : RB_SHAPE_UNUSABLE;
+}
+
+/*
+ * rb_direct_shape
+ *		Can this session use the open table "rel" directly?  If so, its index
+ *		in *indexid.  The shape is checked once and kept until an
+ *		invalidation of the table or its index; what this session works
+ *		with is its own copy, which an invalidation heard in the middle of
+ *		the call does not change (the lock it holds keeps the table as it
+ *		is for what it does).  A check that heard an invalidation of the
+ *		table while it ran (an index created meanwhile, say) serves this
+ *		session only: the next one checks again.
+ */
+static bool
+rb_direct_shape(Relation rel, Oid relid, const RbDirectColumn *columns,
+				int ncolumns, Oid *indexid)
+{
+	RbDirectShape s;
+	uint64		seen;
+
+	if (shape != RB_SHAPE_UNKNOWN && shape_relid == relid)
+	{
+		*indexid = shape_indexid;
+		return shape == RB_SHAPE_USABLE;
+	}
+	/* the table's invalidations are heard from here on */
+	shape = RB_SHAPE_UNKNOWN;
+	shape_relid = relid;
+	shape_indexid = InvalidOid;
+	seen = shape_invalidations;
+	*indexid = InvalidOid;
+	s = rb_direct_check_shape(rel, columns, ncolumns, indexid);
+	if (shape_invalidations == seen)
+	{
+		shape = s;
+		shape_indexid = *indexid;
+	}
+	else
+		shape_relid = InvalidOid;
+	return s == RB_SHAPE_USABLE;
 }
 
 /*
@@ -253,6 +296,7 @@ rb_direct_begin(Oid relid, const RbDirectColumn *columns, int ncolumns,
 {
 	Relation	rel;
 	LOCKMODE	lockmode;
+	Oid			indexid;
 
 	if (!rb_direct_access)
 		return false;
@@ -274,20 +318,13 @@ rb_direct_begin(Oid relid, const RbDirectColumn *columns, int ncolumns,
 	peek_session = peek_only || XactReadOnly;
 	lockmode = peek_session ? AccessShareLock : RowExclusiveLock;
 	rel = table_open(relid, lockmode);
-	if (shape == RB_SHAPE_UNKNOWN)
-	{
-		RbDirectShape s = rb_direct_check_shape(rel, columns, ncolumns);
-
-		shape_relid = relid;
-		shape = s;
-	}
-	if (shape != RB_SHAPE_USABLE)
+	if (!rb_direct_shape(rel, relid, columns, ncolumns, &indexid))
 	{
 		table_close(rel, NoLock);
 		return false;
 	}
 	heap_rel = rel;
-	index_rel = index_open(shape_indexid, lockmode);
+	index_rel = index_open(indexid, lockmode);
 	MemoryContextReset(direct_cxt);
 	read_rows = NULL;
 	read_count = read_size = 0;
