@@ -549,11 +549,17 @@ rb_slot_still_fits(const RbSlot *slot, const RbBucket *bucket,
 	return bucket->state.tokens + rb_slot_held(slot) <= cap * (1.0 + 1e-12);
 }
 
+static void rb_reserve_make_durable(void);
+
 /*
  * rb_reserve_written
- *		A row read with a slot was written: drain the slot unless what it
- *		holds may still be drawn (rb_slot_still_fits), which a row given
- *		more than its line allows never is.
+ *		A row was written.  If its endpoint has a reserve, whatever wrote it
+ *		(a take, a claim's batch, an administrative change), its transaction
+ *		commits durably (rb_reserve_make_durable): a crash must not undo a
+ *		write of the row while tokens it gave up or granted stay told.  A
+ *		row read with a slot: drain the slot unless what it holds may still
+ *		be drawn (rb_slot_still_fits), which a row given more than its line
+ *		allows never is.
  */
 void
 rb_reserve_written(const RbBucket *bucket)
@@ -565,7 +571,11 @@ rb_reserve_written(const RbBucket *bucket)
 	double		cap;
 	bool		drained = false;
 
-	if (reserve_shared == NULL || !bucket->reserve.found)
+	if (reserve_shared == NULL)
+		return;
+	if (rb_has_reserve(bucket))
+		rb_reserve_make_durable();
+	if (!bucket->reserve.found)
 		return;
 	at = GetCurrentTimestamp();
 	rb_bucket_now(bucket, at, &now);

@@ -30,7 +30,9 @@
 #                     load and restarted, the reserve is empty, and the grants
 #                     the clients saw, both sides of the crash together, keep
 #                     the bound over every window (counting, as above, the
-#                     grants certainly in it).
+#                     grants certainly in it).  So do the grants of a
+#                     bucket_take_batch and a bucket_take_all of a reserve
+#                     endpoint right before a kill.
 #   Promotion         the same across the promotion of a synchronous standby
 #                     (synchronous_commit = off on the primary: the takes
 #                     through the row raise it themselves).
@@ -568,6 +570,28 @@ $node->safe_psql('postgres', burst_setup('durable'));
 my $burst = burst_then_kill($node, 'durable');
 $node->start;
 check_burst($node, 'durable', $burst, 'crash');
+
+# The takes of a claim's batch (bucket_take_batch) and of several buckets at
+# once (bucket_take_all) write a reserve endpoint's row as a take does, and
+# commit as durably: 150 tokens granted each way, then a kill.  The
+# walwriter sleeps 10 s meanwhile, so a commit left to it would be lost,
+# and its 150 tokens granted again after the restart.
+$node->safe_psql('postgres', burst_setup('batch') . burst_setup('all') . q{
+ALTER SYSTEM SET wal_writer_delay = '10s';
+SELECT pg_reload_conf();});
+Time::HiRes::sleep(0.3);
+my $granted = $node->safe_psql('postgres', q{
+SELECT sum(granted) FROM ratebucket.bucket_take_batch(
+	ARRAY[ROW(ARRAY['batch'], 150, NULL)::ratebucket.batch_request]);
+SELECT CASE WHEN allowed THEN 150 ELSE 0 END
+FROM ratebucket.bucket_take_all(ARRAY['all'], ARRAY[150::float8]);});
+kill_server($node);
+$node->start;
+$node->safe_psql('postgres', q{ALTER SYSTEM RESET wal_writer_delay; SELECT pg_reload_conf();});
+my @granted = split /\n/, $granted;
+is("@granted", '150 150', 'bucket_take_batch and bucket_take_all granted 150 tokens each before the kill');
+check_burst($node, 'batch', $granted[0], 'crash after bucket_take_batch');
+check_burst($node, 'all', $granted[1], 'crash after bucket_take_all');
 $node->stop;
 
 # ------------------------------------------------------------ promotion --
