@@ -133,6 +133,9 @@ typedef struct RbSlot
 	double		line_tokens;
 	TimestampTz line_at;		/* ahead of the clock: the lease's end */
 	TimestampTz accrued_at;		/* the lease's refill counted up to here */
+	/* refills handed over and not yet settled, and the latest lease they wrote */
+	int			pending_refills;
+	TimestampTz pending_line_at;
 	/* what it was filled under: the request, and the limits it resolved to */
 	bool		from_config;
 	double		req_rate;
@@ -399,6 +402,8 @@ rb_slot_drain(RbSlot *slot)
 	slot->line_tokens = INFINITY;
 	slot->line_at = 0;
 	slot->accrued_at = 0;
+	slot->pending_refills = 0;
+	slot->pending_line_at = 0;
 }
 
 /*
@@ -540,8 +545,13 @@ rb_slot_still_fits(const RbSlot *slot, const RbBucket *bucket,
 		return false;
 	if (rate < slot->effective_rate * (1.0 - 1e-9))
 		return false;
-	/* a refill time moved back into a lease would refill row and slot at once */
-	if (bucket->state.refilled_at < slot->line_at)
+	/*
+	 * A refill time moved back into a lease would refill row and slot at
+	 * once: the lease of the line, and that of a refill whose transaction
+	 * has committed (so this write could lock the row) but not yet settled
+	 * (its line is not the slot's yet).
+	 */
+	if (bucket->state.refilled_at < Max(slot->line_at, slot->pending_line_at))
 		return false;
 	if (bucket->state.tokens >
 		rb_slot_row_most(slot, bucket->state.refilled_at) + cap * 1e-12)
@@ -1034,6 +1044,10 @@ rb_reserve_hand(RbBucket *bucket, Oid relid, double tokens, bool use_config,
 	rb_slot_describe(slot, bucket, use_config, req_rate, req_capacity, rate,
 					 cap);
 	slot->pending += tokens;
+	/* known before this transaction's commit lets another writer in */
+	slot->pending_refills++;
+	slot->pending_line_at = Max(slot->pending_line_at,
+								bucket->state.refilled_at);
 	action.incarnation = slot->incarnation;
 	action.generation = slot->generation;
 	SpinLockRelease(&slot->mutex);
@@ -1105,6 +1119,11 @@ rb_action_settle(const RbAction *a, bool commit, bool prepared, bool durable,
 		if (a->refill)
 		{
 			slot->pending -= a->tokens;
+			if (--slot->pending_refills <= 0)
+			{
+				slot->pending_refills = 0;
+				slot->pending_line_at = 0;
+			}
 			if (commit && !prepared && durable)
 			{
 				/* the slot as it stands under the line it had so far */
