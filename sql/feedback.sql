@@ -389,6 +389,27 @@ SELECT ratebucket.bucket_configure('l:rem', 0.01, 30);
 SELECT outcome FROM ratebucket.bucket_observe('l:rem', 200, NULL, '{"RateLimit": "limit=30, remaining=2, reset=1"}');
 SELECT count(*) FILTER (WHERE a) AS granted_of_5
 FROM (SELECT (ratebucket.bucket_take('l:rem')).allowed AS a FROM generate_series(1, 5)) x;
+-- A take with limits of its own (1/s, burst 5, below the configured
+-- 1000/s): a remaining count refills the row at those limits, not at the
+-- configured ones, and only caps it.  Emptied, then 0.1 s later a 200 with
+-- 900 remaining: about 0.1 token earned, so at most 1 of 20 takes.
+SELECT ratebucket.bucket_configure('l:crm', 1000, 1000);
+SELECT count(*) FILTER (WHERE a) >= 5 AS took_the_burst, NOT bool_and(a) AS then_refused
+FROM (SELECT (ratebucket.bucket_take('l:crm', 1, 5)).allowed AS a FROM generate_series(1, 10)) x;
+SELECT pg_sleep(0.1);
+SELECT outcome, effective_rate
+FROM ratebucket.bucket_observe('l:crm', 200, NULL, '{"X-RateLimit-Remaining": "900"}');
+SELECT count(*) FILTER (WHERE a) <= 1 AS within_bound
+FROM (SELECT (ratebucket.bucket_take('l:crm', 1, 5)).allowed AS a FROM generate_series(1, 20)) x;
+-- The refill since the request was sent is at the row's rate too: 4 held
+-- after a take, then 0 remaining for a request sent 1 s ago: 1 token held.
+SELECT ratebucket.bucket_configure('l:crm-sent', 1000, 1000);
+SELECT allowed FROM ratebucket.bucket_take('l:crm-sent', 1, 5);
+SELECT outcome
+FROM ratebucket.bucket_observe('l:crm-sent', 200, NULL, '{"X-RateLimit-Remaining": "0"}',
+							   clock_timestamp() - interval '1 s');
+SELECT count(*) FILTER (WHERE a) >= 1 AS refilled_since_sent, count(*) FILTER (WHERE a) <= 1 AS within_bound
+FROM (SELECT (ratebucket.bucket_take('l:crm-sent', 1, 5)).allowed AS a FROM generate_series(1, 20)) x;
 
 --
 -- Bad input: a clear error, nothing changed.

@@ -211,23 +211,23 @@ rb_new_episode(const RbAdapt *before, int64_t sent, int64_t now)
 }
 
 /*
- * Hold no more than "remaining" tokens at "now", plus what the rate refilled
+ * Hold no more than "remaining" tokens at "now", plus what the row refilled
  * since the request was sent (the destination answered at some point in
- * between, and refilled too since; without a send time, nothing).
+ * between, and refilled too since; without a send time, nothing).  The
+ * row is refilled to "now" first at its own limits (bucket->refill_rate
+ * and refill_capacity, those of the take that last wrote it), never at the
+ * configured ones, which may be higher: the answer only caps.
  */
 static void
-rb_cap_tokens(RbState *state, const RbAdapt *adapt, const RbPolicy *policy,
-			  const RbObserved *bucket, double remaining, int64_t sent,
-			  int64_t now)
+rb_cap_tokens(RbState *state, const RbObserved *bucket, double remaining,
+			  int64_t sent, int64_t now)
 {
-	double		rate = bucket->ceiling * rb_factor_now(adapt, policy, now);
 	double		most = remaining > 0 ? remaining : 0.0;
 
-	rb_advance(state, rate,
-			   rb_capacity_now(adapt, policy, bucket->capacity, 0.0, now),
-			   now);
+	rb_advance(state, bucket->refill_rate, bucket->refill_capacity, now);
 	if (sent != RB_NO_TIME && sent < now)
-		most += rate * (((double) now - (double) sent) / RB_USECS_PER_SEC);
+		most += bucket->refill_rate *
+			(((double) now - (double) sent) / RB_USECS_PER_SEC);
 	if (state->tokens > most)
 		state->tokens = most;
 }
@@ -309,7 +309,7 @@ rb_feedback_observe(RbState *state, RbAdapt *adapt,
 	 * (held tokens would be refused there).
 	 */
 	if (rl.has_remaining && !bucket->is_quota && bucket->holds_tokens)
-		rb_cap_tokens(state, adapt, policy, bucket, rl.remaining,
+		rb_cap_tokens(state, bucket, rl.remaining,
 					  response->sent_at == RB_NO_TIME ? RB_NO_TIME : sent, now);
 
 	/* The breaker. */

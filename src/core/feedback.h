@@ -111,11 +111,20 @@ extern void rb_read_response(const RbResponse *response, double now_unix,
 							 double *ra_value);
 extern RbOutcome rb_response_outcome(const RbResponse *response,
 									 double now_unix);
-/* The bucket an answer is applied to, as the engine found it. */
+/*
+ * The bucket an answer is applied to, as the engine found it.  ceiling and
+ * capacity are what the feedback is measured against (the configuration,
+ * if any); refill_rate and refill_capacity are what the row's tokens refill
+ * at, before the answer: the limits of the take that last wrote it, with
+ * the feedback's factor (lower than the configuration for a take with
+ * limits of its own).
+ */
 typedef struct RbObserved
 {
 	double		ceiling;		/* the rate its takes use */
 	double		capacity;		/* the capacity its takes use */
+	double		refill_rate;	/* the row's refill rate now */
+	double		refill_capacity;	/* the row's capacity now */
 	bool		is_quota;		/* a calendar quota: no rate to adapt */
 	bool		holds_tokens;	/* false: its tokens live elsewhere (stripes) */
 } RbObserved;

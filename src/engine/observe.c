@@ -63,6 +63,9 @@ rb_engine_observe(text *endpoint, const RbResponse *response,
 	observed.holds_tokens = !rb_is_stripe_parent(&bucket);
 	rb_bucket_policy(&bucket, observed.ceiling, &policy);
 	rb_bucket_settle(&bucket, now);
+	/* the row refills at the limits its last take wrote, as a take banks */
+	observed.refill_rate = rb_bucket_rate_now(&bucket, now);
+	observed.refill_capacity = rb_bucket_capacity_now(&bucket, now);
 	rb_feedback_observe(&bucket.state, &bucket.adapt, &bucket.feedback,
 						&policy, &observed, response,
 						now, rb_unix_seconds(now), out);

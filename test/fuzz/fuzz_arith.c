@@ -596,19 +596,28 @@ step_observe(Reader *r)
 
 	observed.ceiling = ceiling;
 	observed.capacity = row.capacity;
+	/* the row's own limits, before the answer (as src/engine/observe.c) */
+	observed.refill_rate = row.rate * f_before;
+	observed.refill_capacity = rb_capacity_now(&row.adapt, &policy,
+											   row.capacity, 0.0, now);
 	observed.is_quota = false;
 	observed.holds_tokens = true;
 	rb_feedback_observe(&row.state, &row.adapt, &row.counters, &policy,
 						&observed, &resp, now, unix_now(), &obs);
 	check_row(before_refilled);
 	f_after = rb_factor_now(&row.adapt, &policy, now);
-	/* no more tokens than remaining, plus the refill since the send */
+	/*
+	 * No more tokens than remaining, plus the row's refill since the send;
+	 * never more than its own limits refilled (a remaining count only caps).
+	 */
 	if (rl.has_remaining && rl.remaining >= 0.0)
 		CHECK(row.state.tokens <=
 			  (rl.remaining +
 			   (resp.sent_at == RB_NO_TIME ? 0.0 :
-				ceiling * f_after * ((double) now - (double) sent) / 1e6)) *
+				observed.refill_rate * ((double) now - (double) sent) / 1e6)) *
 			  (1.0 + 1e-9) + 1e-9);
+	if (rl.has_remaining)
+		CHECK(row.state.tokens <= observed.refill_capacity);
 
 	/* what it reports is what the row now says */
 	CHECK(obs.outcome == rb_response_outcome(&resp, unix_now()));
