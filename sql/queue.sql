@@ -106,6 +106,43 @@ SELECT * FROM outbox.record_deliveries(ARRAY[6], ARRAY[200], ARRAY[NULL]::timest
 SELECT * FROM outbox.record_deliveries('{}', '{}', '{}');
 SELECT status, count(*) FROM outbox.webhook_events GROUP BY 1 ORDER BY 1;
 
+-- A NULL lease is refused (22004), nothing changed: it would match the
+-- lease of whichever claim holds the event now.  Event 8, holding a slot of
+-- r:cap: claimed, its lease run out, given back and claimed again by another
+-- worker.  The first worker's late outcome, recorded without a lease, would
+-- be taken for the second worker's: its event delivered, its slot freed.
+SELECT ratebucket.bucket_configure('r:c', 100, 10);
+INSERT INTO outbox.webhook_events (id, endpoint, inflight_key) VALUES (8, 'r:c', 'r:cap');
+SELECT count(*) AS claimed FROM outbox.claim_endpoint('r:c', 1, lease => '1 ms');
+SELECT pg_sleep(0.01);
+SELECT count(*) AS claimed_again FROM outbox.claim_endpoint('r:c', 1);
+CREATE TEMP TABLE events_before AS SELECT * FROM outbox.webhook_events;
+CREATE TEMP TABLE parking_before AS SELECT * FROM outbox.webhook_parking;
+CREATE TEMP TABLE bucket_before AS SELECT * FROM ratebucket.buckets WHERE endpoint = 'r:c';
+SELECT in_flight FROM ratebucket.inflight_status WHERE key = 'r:cap';
+SELECT * FROM outbox.record_deliveries(ARRAY[8], ARRAY[200], ARRAY[NULL]::timestamptz[]);
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+SELECT * FROM outbox.record_deliveries(ARRAY[8, 6], ARRAY[200, 200],
+                                       ARRAY[(SELECT lease_until FROM outbox.webhook_events
+                                              WHERE id = 8), NULL]);
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+SELECT * FROM outbox.record_endpoint('r:c', ARRAY[8], ARRAY[200], ARRAY[NULL]::timestamptz[]);
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+SELECT (SELECT count(*) FROM (SELECT * FROM outbox.webhook_events
+                              EXCEPT SELECT * FROM pg_temp.events_before) c) AS events_changed,
+       (SELECT count(*) FROM (SELECT * FROM outbox.webhook_parking
+                              EXCEPT SELECT * FROM pg_temp.parking_before) c) AS parking_changed,
+       (SELECT count(*) FROM (SELECT * FROM ratebucket.buckets WHERE endpoint = 'r:c'
+                              EXCEPT SELECT * FROM pg_temp.bucket_before) c) AS bucket_changed;
+SELECT status, in_flight FROM outbox.webhook_events, ratebucket.inflight_status
+WHERE id = 8 AND key = 'r:cap';
+-- The second worker's outcome, with its lease: recorded, its slot freed.
+SELECT r.outcome FROM outbox.webhook_events e,
+     outbox.record_deliveries(ARRAY[e.id], ARRAY[200], ARRAY[e.lease_until]) r
+WHERE e.id = 8;
+SELECT status, in_flight FROM outbox.webhook_events, ratebucket.inflight_status
+WHERE id = 8 AND key = 'r:cap';
+
 -- Why is this event waiting?  One event held by each thing that can hold
 -- one, and what explain_event says of it.
 SELECT ratebucket.bucket_configure(k, 100, 10)

@@ -842,7 +842,8 @@ AS $$ SELECT least(30.0, 0.5 * 2 ^ least(greatest(attempts - 1, 0), 10)) $$;
 -- frees their slots.  Call it once the requests are over, in a transaction
 -- of its own.  Returns each event's outcome, in the order given.  Errors
 -- (22004, 22023) change nothing: a NULL or repeated event id, arrays of
--- other lengths, max_attempts below 1.
+-- other lengths, max_attempts below 1, a NULL lease (it would match any
+-- claim's lease).
 CREATE FUNCTION record_deliveries(
     event_ids bigint[],
     http_statuses int[],
@@ -893,6 +894,16 @@ BEGIN
     END IF;
     IF max_attempts IS NULL OR max_attempts < 1 THEN
         RAISE EXCEPTION 'max_attempts must be at least 1' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- a NULL lease would match whatever lease the event holds: an outcome
+    -- recorded late, after the event was requeued and claimed again, would
+    -- be taken for the new claim's and free its slot
+    IF array_position(claimed_leases, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'claimed_leases must not hold a NULL'
+            USING ERRCODE = 'null_value_not_allowed',
+                  DETAIL = format('The lease of event %s is NULL.',
+                                  event_ids[array_position(claimed_leases, NULL)]),
+                  HINT = 'Pass each event''s lease_until as the claim returned it.';
     END IF;
 
     -- the batch's events, in id order, as claims and other batches lock them
@@ -1573,8 +1584,10 @@ END $$;
 -- arguments, the endpoint first).  It locks the events in id order, then
 -- observes each answer on the endpoint's bucket in id order, writes the
 -- events in one statement and frees their slots.  An id that is not an
--- event of this endpoint is 'missing'.  One endpoint per call: on Citus, a
--- bare SELECT * FROM record_endpoint(...) runs on the endpoint's node.
+-- event of this endpoint is 'missing'.  Refused, nothing changed, as
+-- record_deliveries refuses them: a NULL endpoint, a NULL lease.  One
+-- endpoint per call: on Citus, a bare SELECT * FROM record_endpoint(...)
+-- runs on the endpoint's node.
 CREATE FUNCTION record_endpoint(
     for_endpoint text,
     event_ids bigint[],
@@ -1633,6 +1646,16 @@ BEGIN
     END IF;
     IF max_attempts IS NULL OR max_attempts < 1 THEN
         RAISE EXCEPTION 'max_attempts must be at least 1' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- a NULL lease would match whatever lease the event holds: an outcome
+    -- recorded late, after the event was requeued and claimed again, would
+    -- be taken for the new claim's and free its slot
+    IF array_position(claimed_leases, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'claimed_leases must not hold a NULL'
+            USING ERRCODE = 'null_value_not_allowed',
+                  DETAIL = format('The lease of event %s is NULL.',
+                                  event_ids[array_position(claimed_leases, NULL)]),
+                  HINT = 'Pass each event''s lease_until as the claim returned it.';
     END IF;
 
     -- the events, in id order, as claims and other batches lock them
