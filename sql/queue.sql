@@ -357,6 +357,61 @@ SELECT endpoint, configuration, template FROM outbox.endpoint_status
 WHERE endpoint LIKE 'x:%' ORDER BY endpoint;
 SELECT ratebucket.bucket_template_drop('https://*'), ratebucket.bucket_template_drop('acct:*');
 
+-- Functions planted where a call could resolve to them are never called:
+-- the queue's functions run with search_path = pg_catalog, pg_temp and name
+-- its own objects by their schema.  Each of these matches a call better
+-- than the function meant (a NULL taken for text; text[] and bigint[]
+-- exactly, where the built-in takes any array): in the extension's schema,
+-- and in a schema the caller puts first.  A whole round runs without them.
+CREATE SCHEMA planted;
+CREATE FUNCTION outbox.repace_parked(ep text, max_events text, only_if_sooner boolean)
+RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'captured: repace_parked'; END $$;
+CREATE FUNCTION outbox.cardinality(a text[])
+RETURNS int LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'captured: cardinality(text[])'; END $$;
+CREATE FUNCTION outbox.cardinality(a bigint[])
+RETURNS int LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'captured: cardinality(bigint[])'; END $$;
+CREATE FUNCTION planted.claim_cap_free(cap_key text)
+RETURNS int LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'captured: claim_cap_free'; END $$;
+CREATE FUNCTION planted.retry_backoff(attempts int)
+RETURNS float8 LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'captured: retry_backoff'; END $$;
+TRUNCATE outbox.webhook_events;
+TRUNCATE outbox.webhook_parking;
+SELECT ratebucket.bucket_configure('p:a', 100, 2), ratebucket.bucket_configure('p:b', 100, 2),
+       ratebucket.bucket_configure('p:acct', 100, 10), ratebucket.inflight_configure('p:cap', 10);
+INSERT INTO outbox.webhook_events (endpoint, limits, inflight_key)
+SELECT e, ARRAY['p:acct'], 'p:cap' FROM unnest(ARRAY['p:a', 'p:b']) e, generate_series(1, 3);
+SET search_path = planted, outbox, pg_catalog;
+CREATE TEMP TABLE planted_claim AS SELECT * FROM outbox.claim_events(10, 10);
+SELECT endpoint, count(*) AS claimed FROM pg_temp.planted_claim GROUP BY 1 ORDER BY 1;
+SELECT count(*) AS parked FROM outbox.webhook_events WHERE parked;
+SELECT r.outcome, count(*)
+FROM outbox.record_deliveries((SELECT array_agg(id ORDER BY id) FROM pg_temp.planted_claim
+                               WHERE endpoint = 'p:a'),
+                              ARRAY[200, 500],
+                              (SELECT array_agg(lease_until ORDER BY id) FROM pg_temp.planted_claim
+                               WHERE endpoint = 'p:a')) r
+GROUP BY 1 ORDER BY 1;
+SELECT r.outcome, count(*)
+FROM outbox.record_endpoint('p:b', (SELECT array_agg(id ORDER BY id) FROM pg_temp.planted_claim
+                                    WHERE endpoint = 'p:b'),
+                            ARRAY[200, 500],
+                            (SELECT array_agg(lease_until ORDER BY id) FROM pg_temp.planted_claim
+                             WHERE endpoint = 'p:b')) r
+GROUP BY 1 ORDER BY 1;
+SELECT outbox.unpark('p:a') >= 0 AS unparked, outbox.unpark('p:b') >= 0 AS unparked;
+SELECT count(*) AS claimed FROM outbox.claim_endpoint('p:a', 10);
+SELECT outbox.record_delivery(id, 500, claimed_lease => lease_until) AS outcome
+FROM outbox.webhook_events WHERE status = 'sending' ORDER BY id;
+SELECT count(*) > 0 AS explained FROM outbox.explain_endpoint('p:a');
+SELECT count(*) > 0 AS explained FROM outbox.event_waits;
+SELECT outbox.next_due() >= 0 AS next_due, outbox.requeue_expired() AS requeued,
+       outbox.events_left() AS left_;
+SELECT in_flight FROM ratebucket.inflight_status WHERE key = 'p:cap';
+RESET search_path;
+DROP SCHEMA planted CASCADE;
+DROP FUNCTION outbox.repace_parked(text, text, boolean), outbox.cardinality(text[]),
+              outbox.cardinality(bigint[]);
+
 -- ratebucket cannot go while the queue needs it.
 DROP EXTENSION ratebucket;
 
