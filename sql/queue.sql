@@ -376,8 +376,10 @@ CREATE FUNCTION planted.retry_backoff(attempts int)
 RETURNS float8 LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'captured: retry_backoff'; END $$;
 TRUNCATE outbox.webhook_events;
 TRUNCATE outbox.webhook_parking;
-SELECT ratebucket.bucket_configure('p:a', 100, 2), ratebucket.bucket_configure('p:b', 100, 2),
-       ratebucket.bucket_configure('p:acct', 100, 10), ratebucket.inflight_configure('p:cap', 10);
+-- (rates so low that nothing refills while the test runs)
+SELECT ratebucket.bucket_configure('p:a', 0.000001, 2),
+       ratebucket.bucket_configure('p:b', 0.000001, 2),
+       ratebucket.bucket_configure('p:acct', 0.000001, 10), ratebucket.inflight_configure('p:cap', 10);
 INSERT INTO outbox.webhook_events (endpoint, limits, inflight_key)
 SELECT e, ARRAY['p:acct'], 'p:cap' FROM unnest(ARRAY['p:a', 'p:b']) e, generate_series(1, 3);
 SET search_path = planted, outbox, pg_catalog;
@@ -399,6 +401,9 @@ FROM outbox.record_endpoint('p:b', (SELECT array_agg(id ORDER BY id) FROM pg_tem
                              WHERE endpoint = 'p:b')) r
 GROUP BY 1 ORDER BY 1;
 SELECT outbox.unpark('p:a') >= 0 AS unparked, outbox.unpark('p:b') >= 0 AS unparked;
+-- p:a refilled, its pending events (the third, and the one retried) due
+SELECT ratebucket.bucket_reset('p:a');
+UPDATE outbox.webhook_events SET next_attempt_at = now() WHERE endpoint = 'p:a' AND status = 'pending';
 SELECT count(*) AS claimed FROM outbox.claim_endpoint('p:a', 10);
 SELECT outbox.record_delivery(id, 500, claimed_lease => lease_until) AS outcome
 FROM outbox.webhook_events WHERE status = 'sending' ORDER BY id;
