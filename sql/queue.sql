@@ -106,6 +106,43 @@ SELECT * FROM outbox.record_deliveries(ARRAY[6], ARRAY[200], ARRAY[NULL]::timest
 SELECT * FROM outbox.record_deliveries('{}', '{}', '{}');
 SELECT status, count(*) FROM outbox.webhook_events GROUP BY 1 ORDER BY 1;
 
+-- A NULL lease is refused (22004), nothing changed: it would match the
+-- lease of whichever claim holds the event now.  Event 8, holding a slot of
+-- r:cap: claimed, its lease run out, given back and claimed again by another
+-- worker.  The first worker's late outcome, recorded without a lease, would
+-- be taken for the second worker's: its event delivered, its slot freed.
+SELECT ratebucket.bucket_configure('r:c', 100, 10);
+INSERT INTO outbox.webhook_events (id, endpoint, inflight_key) VALUES (8, 'r:c', 'r:cap');
+SELECT count(*) AS claimed FROM outbox.claim_endpoint('r:c', 1, lease => '1 ms');
+SELECT pg_sleep(0.01);
+SELECT count(*) AS claimed_again FROM outbox.claim_endpoint('r:c', 1);
+CREATE TEMP TABLE events_before AS SELECT * FROM outbox.webhook_events;
+CREATE TEMP TABLE parking_before AS SELECT * FROM outbox.webhook_parking;
+CREATE TEMP TABLE bucket_before AS SELECT * FROM ratebucket.buckets WHERE endpoint = 'r:c';
+SELECT in_flight FROM ratebucket.inflight_status WHERE key = 'r:cap';
+SELECT * FROM outbox.record_deliveries(ARRAY[8], ARRAY[200], ARRAY[NULL]::timestamptz[]);
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+SELECT * FROM outbox.record_deliveries(ARRAY[8, 6], ARRAY[200, 200],
+                                       ARRAY[(SELECT lease_until FROM outbox.webhook_events
+                                              WHERE id = 8), NULL]);
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+SELECT * FROM outbox.record_endpoint('r:c', ARRAY[8], ARRAY[200], ARRAY[NULL]::timestamptz[]);
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+SELECT (SELECT count(*) FROM (SELECT * FROM outbox.webhook_events
+                              EXCEPT SELECT * FROM pg_temp.events_before) c) AS events_changed,
+       (SELECT count(*) FROM (SELECT * FROM outbox.webhook_parking
+                              EXCEPT SELECT * FROM pg_temp.parking_before) c) AS parking_changed,
+       (SELECT count(*) FROM (SELECT * FROM ratebucket.buckets WHERE endpoint = 'r:c'
+                              EXCEPT SELECT * FROM pg_temp.bucket_before) c) AS bucket_changed;
+SELECT status, in_flight FROM outbox.webhook_events, ratebucket.inflight_status
+WHERE id = 8 AND key = 'r:cap';
+-- The second worker's outcome, with its lease: recorded, its slot freed.
+SELECT r.outcome FROM outbox.webhook_events e,
+     outbox.record_deliveries(ARRAY[e.id], ARRAY[200], ARRAY[e.lease_until]) r
+WHERE e.id = 8;
+SELECT status, in_flight FROM outbox.webhook_events, ratebucket.inflight_status
+WHERE id = 8 AND key = 'r:cap';
+
 -- Why is this event waiting?  One event held by each thing that can hold
 -- one, and what explain_event says of it.
 SELECT ratebucket.bucket_configure(k, 100, 10)
@@ -319,6 +356,66 @@ SELECT ratebucket.bucket_configure('x:own', 1, 1);
 SELECT endpoint, configuration, template FROM outbox.endpoint_status
 WHERE endpoint LIKE 'x:%' ORDER BY endpoint;
 SELECT ratebucket.bucket_template_drop('https://*'), ratebucket.bucket_template_drop('acct:*');
+
+-- Functions planted where a call could resolve to them are never called:
+-- the queue's functions run with search_path = pg_catalog, pg_temp and name
+-- its own objects by their schema.  Each of these matches a call better
+-- than the function meant (a NULL taken for text; text[] and bigint[]
+-- exactly, where the built-in takes any array): in the extension's schema,
+-- and in a schema the caller puts first.  A whole round runs without them.
+CREATE SCHEMA planted;
+CREATE FUNCTION outbox.repace_parked(ep text, max_events text, only_if_sooner boolean)
+RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'captured: repace_parked'; END $$;
+CREATE FUNCTION outbox.cardinality(a text[])
+RETURNS int LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'captured: cardinality(text[])'; END $$;
+CREATE FUNCTION outbox.cardinality(a bigint[])
+RETURNS int LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'captured: cardinality(bigint[])'; END $$;
+CREATE FUNCTION planted.claim_cap_free(cap_key text)
+RETURNS int LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'captured: claim_cap_free'; END $$;
+CREATE FUNCTION planted.retry_backoff(attempts int)
+RETURNS float8 LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'captured: retry_backoff'; END $$;
+TRUNCATE outbox.webhook_events;
+TRUNCATE outbox.webhook_parking;
+-- (rates so low that nothing refills while the test runs)
+SELECT ratebucket.bucket_configure('p:a', 0.000001, 2),
+       ratebucket.bucket_configure('p:b', 0.000001, 2),
+       ratebucket.bucket_configure('p:acct', 0.000001, 10), ratebucket.inflight_configure('p:cap', 10);
+INSERT INTO outbox.webhook_events (endpoint, limits, inflight_key)
+SELECT e, ARRAY['p:acct'], 'p:cap' FROM unnest(ARRAY['p:a', 'p:b']) e, generate_series(1, 3);
+SET search_path = planted, outbox, pg_catalog;
+CREATE TEMP TABLE planted_claim AS SELECT * FROM outbox.claim_events(10, 10);
+SELECT endpoint, count(*) AS claimed FROM pg_temp.planted_claim GROUP BY 1 ORDER BY 1;
+SELECT count(*) AS parked FROM outbox.webhook_events WHERE parked;
+SELECT r.outcome, count(*)
+FROM outbox.record_deliveries((SELECT array_agg(id ORDER BY id) FROM pg_temp.planted_claim
+                               WHERE endpoint = 'p:a'),
+                              ARRAY[200, 500],
+                              (SELECT array_agg(lease_until ORDER BY id) FROM pg_temp.planted_claim
+                               WHERE endpoint = 'p:a')) r
+GROUP BY 1 ORDER BY 1;
+SELECT r.outcome, count(*)
+FROM outbox.record_endpoint('p:b', (SELECT array_agg(id ORDER BY id) FROM pg_temp.planted_claim
+                                    WHERE endpoint = 'p:b'),
+                            ARRAY[200, 500],
+                            (SELECT array_agg(lease_until ORDER BY id) FROM pg_temp.planted_claim
+                             WHERE endpoint = 'p:b')) r
+GROUP BY 1 ORDER BY 1;
+SELECT outbox.unpark('p:a') >= 0 AS unparked, outbox.unpark('p:b') >= 0 AS unparked;
+-- p:a refilled, its pending events (the third, and the one retried) due
+SELECT ratebucket.bucket_reset('p:a');
+UPDATE outbox.webhook_events SET next_attempt_at = now() WHERE endpoint = 'p:a' AND status = 'pending';
+SELECT count(*) AS claimed FROM outbox.claim_endpoint('p:a', 10);
+SELECT outbox.record_delivery(id, 500, claimed_lease => lease_until) AS outcome
+FROM outbox.webhook_events WHERE status = 'sending' ORDER BY id;
+SELECT count(*) > 0 AS explained FROM outbox.explain_endpoint('p:a');
+SELECT count(*) > 0 AS explained FROM outbox.event_waits;
+SELECT outbox.next_due() >= 0 AS next_due, outbox.requeue_expired() AS requeued,
+       outbox.events_left() AS left_;
+SELECT in_flight FROM ratebucket.inflight_status WHERE key = 'p:cap';
+RESET search_path;
+DROP SCHEMA planted CASCADE;
+DROP FUNCTION outbox.repace_parked(text, text, boolean), outbox.cardinality(text[]),
+              outbox.cardinality(bigint[]);
 
 -- ratebucket cannot go while the queue needs it.
 DROP EXTENSION ratebucket;

@@ -50,6 +50,8 @@ SELECT * FROM qe.record_endpoint('e:a', '{1,NULL}', '{200,200}', '{NULL,NULL}');
 SELECT * FROM qe.record_endpoint('e:a', '{1,2}', '{200}', '{NULL,NULL}');
 SELECT * FROM qe.record_endpoint('e:a', '{1,1}', '{200,200}', '{NULL,NULL}');
 SELECT * FROM qe.record_endpoint('e:a', '{1}', '{200}', '{NULL}', max_attempts => 0);
+SELECT * FROM qe.record_endpoint('e:a', '{1,2}', '{200,200}', ARRAY[now(), NULL]);
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
 SELECT count(*) AS changed FROM (SELECT * FROM qe.webhook_events
                                  EXCEPT SELECT * FROM before_errors) c;
 SELECT tokens_granted AS granted_so_far FROM ratebucket.buckets WHERE endpoint = 'e:a';
@@ -128,7 +130,7 @@ SELECT r.event_id, r.outcome
 FROM qe.record_endpoint('e:a',
          (SELECT array_agg(id ORDER BY id) FROM claimed_a) || ARRAY[999999::bigint],
          ARRAY[200, 429, 404, 200],
-         (SELECT array_agg(lease_until ORDER BY id) FROM claimed_a) || ARRAY[NULL::timestamptz],
+         (SELECT array_agg(lease_until ORDER BY id) FROM claimed_a) || ARRAY[now()],
          retry_afters => ARRAY[NULL, '120', NULL, NULL]) AS r;
 SELECT e.status, e.attempts, e.last_status, e.parked,
        e.next_attempt_at > now() + interval '100 s' AS after_the_cooldown
@@ -147,7 +149,7 @@ SELECT key, in_flight FROM ratebucket.inflight_status;
 SELECT successes FROM ratebucket.buckets WHERE endpoint = 'e:c';
 -- An event of e:c recorded as one of e:a's: missing, nothing recorded.
 SELECT r.outcome FROM qe.webhook_events e,
-     qe.record_endpoint('e:a', ARRAY[e.id], ARRAY[200], ARRAY[NULL::timestamptz]) r
+     qe.record_endpoint('e:a', ARRAY[e.id], ARRAY[200], ARRAY[now()]) r
 WHERE e.endpoint = 'e:c' AND e.status = 'pending' AND e.inflight_key IS NULL;
 
 -- A lease that ran out: the next claim of its endpoint gives the event

@@ -160,8 +160,9 @@ RESET ROLE;
 -- scripts, and any object, property, comment or privilege in which they
 -- differ is listed here.  Then what the update changed against 1.0: 1.1's
 -- columns, index and functions (unpark, explain_endpoint, explain_keys,
--- record_deliveries, recheck_parked, repace_parked) and the new bodies of
--- claim_events, record_delivery, requeue_expired and explain_event.
+-- record_deliveries, recheck_parked, repace_parked), the new bodies of
+-- claim_events, record_delivery, requeue_expired, explain_event and
+-- next_due, and every function's search_path (1.4: pg_catalog, pg_temp).
 --
 REVOKE ALL ON ALL TABLES IN SCHEMA qu FROM regress_rbq_upgrade_worker;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA qu FROM regress_rbq_upgrade_worker;

@@ -23,9 +23,13 @@
 --   unpark(ep)              bring an endpoint's parked events back at its pace
 --                           now (claims do it by themselves within a second)
 --
--- Every function runs with search_path = pg_catalog, the extension's schema,
--- pg_temp, whatever the caller's; ratebucket's functions are called by their
--- schema-qualified names.  Each endpoint is configured with
+-- Every function runs with search_path = pg_catalog, pg_temp, whatever the
+-- caller's, and names every object of this extension (@extschema@.) and of
+-- ratebucket (ratebucket.) by its schema: a function or an operator that
+-- anyone planted in the extension's schema, or anywhere else, is never
+-- taken for the one meant, even where it would match a call's arguments
+-- better (an overload with exact types over a built-in's polymorphic or
+-- implicitly cast ones).  Each endpoint is configured with
 -- ratebucket.bucket_configure, or by a template (ratebucket.bucket_template)
 -- that matches it, before its events are claimed (and so is each bucket an
 -- event names in "limits"; its in-flight cap by inflight_configure).  Here
@@ -110,7 +114,7 @@ SELECT pg_catalog.pg_extension_config_dump('webhook_parking', '');
 -- Sleeping workers wake up when events arrive (LISTEN webhook_events).
 CREATE FUNCTION webhook_events_notify() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     NOTIFY webhook_events;
@@ -130,7 +134,7 @@ CREATE TRIGGER webhook_events_notify
 CREATE FUNCTION claim_bucket_info(keys text[])
 RETURNS TABLE (key text, effective_rate float8, striped boolean)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF cardinality(keys) > 0 THEN
@@ -148,7 +152,7 @@ $$;
 -- again at every claim.)
 CREATE FUNCTION claim_cap_free(cap_key text) RETURNS int
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN (SELECT greatest(s.cap - s.in_flight, 0)::int
@@ -172,7 +176,7 @@ $$;
 CREATE FUNCTION repace_parked(ep text, max_events int, only_if_sooner boolean)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     keys       text[] := ARRAY[ep];
@@ -184,13 +188,13 @@ DECLARE
     r          record;
 BEGIN
     SELECT ARRAY[ep] || p.limits, p.rate INTO keys, old_rate
-    FROM webhook_parking p WHERE p.endpoint = ep;
+    FROM @extschema@.webhook_parking p WHERE p.endpoint = ep;
     IF NOT FOUND THEN
         keys := ARRAY[ep];
     END IF;
     SELECT max(ratebucket.bucket_wait(k.key)) INTO wait_now FROM unnest(keys) AS k(key);
     SELECT min(i.effective_rate) FILTER (WHERE i.effective_rate > 0) INTO rate_now
-    FROM claim_bucket_info(keys) i;
+    FROM @extschema@.claim_bucket_info(keys) i;
     SELECT greatest(min(s.tokens), 0) INTO tokens_now
     FROM ratebucket.bucket_status s
     WHERE s.endpoint = ANY (keys) AND s.quota IS NULL;
@@ -198,7 +202,7 @@ BEGIN
 
     IF only_if_sooner THEN
         SELECT e.next_attempt_at INTO first_at
-        FROM webhook_events e
+        FROM @extschema@.webhook_events e
         WHERE e.endpoint = ep AND e.status = 'pending' AND e.parked AND e.next_attempt_at > now()
         ORDER BY e.priority DESC, e.next_attempt_at
         LIMIT 1;
@@ -208,7 +212,7 @@ BEGIN
                    OR coalesce(rate_now > 1.5 * old_rate, false)) THEN
             -- nothing to bring back: look again in a second while events
             -- are parked more than 2 s ahead
-            UPDATE webhook_parking p
+            UPDATE @extschema@.webhook_parking p
             SET recheck_at = CASE WHEN first_at IS NOT NULL AND p.parked_until > now() + interval '2 s'
                                   THEN now() + interval '1 s' END
             WHERE p.endpoint = ep;
@@ -220,7 +224,7 @@ BEGIN
         SELECT a.id, a.next_attempt_at AS old_at,
                row_number() OVER (ORDER BY a.priority DESC, a.next_attempt_at) - 1 AS k
         FROM (SELECT e.id, e.priority, e.next_attempt_at
-              FROM webhook_events e
+              FROM @extschema@.webhook_events e
               WHERE e.endpoint = ep AND e.status = 'pending' AND e.parked
                 AND e.next_attempt_at > now()
               ORDER BY e.priority DESC, e.next_attempt_at
@@ -233,7 +237,7 @@ BEGIN
                    366 * 86400.0))) AS new_at
         FROM ahead a
     ), moved AS (
-        UPDATE webhook_events e
+        UPDATE @extschema@.webhook_events e
         SET next_attempt_at = p.new_at
         FROM paced p
         WHERE e.id = p.id AND p.new_at < p.old_at - interval '1 s'
@@ -246,7 +250,7 @@ BEGIN
 
     IF r.moved > 0 THEN
         -- the next chunk a claim parks goes after them
-        INSERT INTO webhook_parking AS c (endpoint, parked_from, parked_until, rate, parked,
+        INSERT INTO @extschema@.webhook_parking AS c (endpoint, parked_from, parked_until, rate, parked,
                                           limits, recheck_at)
         VALUES (ep, r.first_at, r.last_at, rate_now, r.n, keys[2:],
                 -- all of them read: more may be parked further ahead
@@ -256,7 +260,7 @@ BEGIN
         SET parked_from = excluded.parked_from, parked_until = excluded.parked_until,
             rate = excluded.rate, parked = excluded.parked, recheck_at = excluded.recheck_at;
     ELSE
-        UPDATE webhook_parking p
+        UPDATE @extschema@.webhook_parking p
         SET recheck_at = CASE WHEN p.parked_until > now() + interval '2 s'
                               THEN now() + interval '1 s' END
         WHERE p.endpoint = ep;
@@ -271,18 +275,18 @@ $$;
 -- passes it on to the next): repace_parked, if its buckets can send sooner.
 CREATE FUNCTION recheck_parked(n int, max_events int) RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ep text;
 BEGIN
     FOR ep IN SELECT p.endpoint
-              FROM webhook_parking p
+              FROM @extschema@.webhook_parking p
               WHERE p.recheck_at <= now()
               ORDER BY p.recheck_at
               LIMIT n LOOP
         IF pg_try_advisory_xact_lock(hashtext('claim_events: parking'), hashtext(ep)) THEN
-            PERFORM repace_parked(ep, max_events, true);
+            PERFORM @extschema@.repace_parked(ep, max_events, true);
         END IF;
     END LOOP;
 END
@@ -295,14 +299,14 @@ $$;
 -- that is parking the endpoint.  Returns how many events moved.
 CREATE FUNCTION unpark(endpoint text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF unpark.endpoint IS NULL THEN
         RAISE EXCEPTION 'endpoint must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM pg_advisory_xact_lock(hashtext('claim_events: parking'), hashtext(unpark.endpoint));
-    RETURN repace_parked(unpark.endpoint, NULL, false);
+    RETURN @extschema@.repace_parked(unpark.endpoint, NULL::int, false);
 END
 $$;
 
@@ -437,7 +441,7 @@ CREATE FUNCTION claim_events(
     unclaimable_wait float8 DEFAULT 5)
 RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb, lease_until timestamptz)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 -- Planned for any LIMIT, the statement's cost estimate is huge although it
 -- runs in milliseconds: never let JIT compile it.
 SET jit = off
@@ -476,7 +480,7 @@ BEGIN
     -- buckets can send sooner now (resumed, reset, a higher rate, a breaker
     -- closed) get them back at their pace now (unpark)
     IF park_max > 0 THEN
-        PERFORM recheck_parked(walk_endpoints, park_max);
+        PERFORM @extschema@.recheck_parked(walk_endpoints, park_max);
     END IF;
 
     RETURN QUERY
@@ -489,11 +493,11 @@ BEGIN
                            END AS overdue,
                            ratebucket.bucket_claimable(e.endpoint, per_endpoint,
                                                        configured_only => true) AS n
-                    FROM webhook_events e
+                    FROM @extschema@.webhook_events e
                     WHERE e.status = 'pending' AND e.next_attempt_at <= now()
                       -- an endpoint parked 2 s ahead already: met below,
                       -- not in the way of the endpoints behind it
-                      AND NOT EXISTS (SELECT FROM webhook_parking c
+                      AND NOT EXISTS (SELECT FROM @extschema@.webhook_parking c
                                       WHERE c.endpoint = e.endpoint
                                         AND c.parked_until > now() + interval '2 s')
                     ORDER BY e.priority DESC, e.next_attempt_at
@@ -513,14 +517,14 @@ BEGIN
                            ratebucket.bucket_claimable(x.endpoint, per_endpoint,
                                                        configured_only => true) AS n
                     FROM (SELECT y.endpoint, y.limits, y.inflight_key, y.overdue
-                          FROM webhook_parking p
+                          FROM @extschema@.webhook_parking p
                           CROSS JOIN LATERAL (
                               SELECT e.endpoint, e.limits, e.inflight_key,
                                      CASE WHEN e.parked
                                           THEN extract(epoch FROM now() - e.next_attempt_at)::float8
                                      END AS overdue,
                                      e.priority, e.next_attempt_at
-                              FROM webhook_events e
+                              FROM @extschema@.webhook_events e
                               WHERE e.endpoint = p.endpoint
                                 AND e.status = 'pending' AND e.next_attempt_at <= now()
                               ORDER BY e.priority DESC, e.next_attempt_at
@@ -543,10 +547,10 @@ BEGIN
         FROM (SELECT w.endpoint, w.limits, w.inflight_key, w.pos, w.overdue, w.n,
                      l.n AS limits_n, l.unconfigured AS limits_unconfigured,
                      CASE WHEN w.inflight_key IS NOT NULL THEN
-                         claim_cap_free(w.inflight_key) END AS free,
+                         @extschema@.claim_cap_free(w.inflight_key) END AS free,
                      CASE WHEN cardinality(w.limits) > 0 OR w.inflight_key IS NOT NULL THEN
                          (SELECT coalesce(bool_or(i.striped), false)
-                          FROM claim_bucket_info(ARRAY[w.endpoint] || w.limits) i)
+                          FROM @extschema@.claim_bucket_info(ARRAY[w.endpoint] || w.limits) i)
                          ELSE false END AS striped_with_limits
               FROM walk w
               CROSS JOIN LATERAL (
@@ -566,7 +570,7 @@ BEGIN
         FROM heads hd
         CROSS JOIN LATERAL (
             SELECT e.id, e.endpoint, e.limits, e.inflight_key, e.priority, e.next_attempt_at
-            FROM webhook_events e
+            FROM @extschema@.webhook_events e
             WHERE e.endpoint = hd.endpoint
               -- the head's limits and cap, in a CASE: the planner cannot
               -- estimate it and counts half the rows.  (Estimated as plain
@@ -596,7 +600,7 @@ BEGIN
               FROM sized z
               CROSS JOIN LATERAL unnest(ARRAY[z.endpoint] || z.limits) AS k(key)
               -- the rates of every bucket to park, in one call
-              LEFT JOIN claim_bucket_info((
+              LEFT JOIN @extschema@.claim_bucket_info((
                   SELECT array_agg(DISTINCT k2.key)
                   FROM sized z2
                   CROSS JOIN LATERAL unnest(ARRAY[z2.endpoint] || z2.limits) AS k2(key)
@@ -619,7 +623,7 @@ BEGIN
                         -- reach 2 s past its next token already (they would
                         -- keep a pace the rate may leave)
                         AND NOT (p.rate > 1 AND p.wait < 60 AND EXISTS (
-                            SELECT FROM webhook_parking c
+                            SELECT FROM @extschema@.webhook_parking c
                             WHERE c.endpoint = p.endpoint
                               AND c.parked_until > now() + make_interval(secs =>
                                       least(p.wait, 366 * 86400.0) + 2)))
@@ -632,7 +636,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT y.id, row_number() OVER () AS k
             FROM (SELECT e2.id
-                  FROM webhook_events e2
+                  FROM @extschema@.webhook_events e2
                   WHERE e2.endpoint = p.endpoint
                     AND CASE WHEN e2.limits = p.limits      -- as in locked
                                   AND e2.inflight_key IS NOT DISTINCT FROM p.inflight_key
@@ -654,7 +658,7 @@ BEGIN
                       FROM walk w WHERE w.place IS NOT NULL))
                   FOR UPDATE SKIP LOCKED) y) x
     ), cursors AS (                 -- where each endpoint's parked events go
-        INSERT INTO webhook_parking AS c (endpoint, parked_from, parked_until, rate, parked,
+        INSERT INTO @extschema@.webhook_parking AS c (endpoint, parked_from, parked_until, rate, parked,
                                           limits, recheck_at)
         SELECT p.endpoint, now() + make_interval(secs => least(p.wait, 366 * 86400.0)),
                now() + make_interval(secs => least(
@@ -699,7 +703,7 @@ BEGIN
             recheck_at = coalesce(c.recheck_at, excluded.recheck_at)
         RETURNING c.endpoint, c.parked_from, c.rate
     ), parked AS (
-        UPDATE webhook_events e
+        UPDATE @extschema@.webhook_events e
         SET next_attempt_at = least(
                 cu.parked_from + make_interval(secs =>
                     CASE WHEN cu.rate > 0 THEN least((pr.k - 1) / cu.rate, 366 * 86400.0)
@@ -726,12 +730,12 @@ BEGIN
         SELECT b.endpoint, b.ids, t.granted, t.wait_seconds, t.slots
         FROM taken t JOIN batches b ON b.req = t.request
     ), deferred AS (
-        UPDATE webhook_events e
+        UPDATE @extschema@.webhook_events e
         SET next_attempt_at = now() + make_interval(secs => g.wait_seconds), parked = true
         FROM grants g
         WHERE e.id = ANY (g.ids[g.granted + 1:])
     )
-    UPDATE webhook_events e
+    UPDATE @extschema@.webhook_events e
     SET status = 'sending', lease_until = now() + lease,
         slot = g.slots[array_position(g.ids, e.id)], parked = false
     FROM grants g
@@ -752,7 +756,7 @@ BEGIN
                            ratebucket.bucket_claimable(e.endpoint, 1,
                                                        configured_only => true) AS n,
                            ratebucket.bucket_claimable(e.endpoint, 1) AS first
-                    FROM webhook_events e
+                    FROM @extschema@.webhook_events e
                     WHERE e.status = 'pending' AND e.next_attempt_at <= now()
                     ORDER BY e.priority DESC, e.next_attempt_at
                     LIMIT 20 * batch) f
@@ -760,7 +764,7 @@ BEGIN
               LIMIT walk_endpoints) w) THEN
         WITH head AS MATERIALIZED (
             SELECT e.id, e.endpoint, e.limits, e.inflight_key
-            FROM webhook_events e
+            FROM @extschema@.webhook_events e
             WHERE e.status = 'pending' AND e.next_attempt_at <= now()
             ORDER BY e.priority DESC, e.next_attempt_at
             LIMIT 20 * batch
@@ -770,15 +774,15 @@ BEGIN
             WHERE ratebucket.bucket_grantable(g.endpoint, 1) IS NULL
                OR EXISTS (SELECT 1 FROM unnest(g.limits) AS k(key)
                           WHERE ratebucket.bucket_grantable(k.key, 1) IS NULL)
-               OR (g.inflight_key IS NOT NULL AND claim_cap_free(g.inflight_key) IS NULL)
+               OR (g.inflight_key IS NOT NULL AND @extschema@.claim_cap_free(g.inflight_key) IS NULL)
                OR ((cardinality(g.limits) > 0 OR g.inflight_key IS NOT NULL)
                    AND EXISTS (SELECT 1
-                               FROM claim_bucket_info(ARRAY[g.endpoint] || g.limits) i
+                               FROM @extschema@.claim_bucket_info(ARRAY[g.endpoint] || g.limits) i
                                WHERE i.striped))
         ), aside AS (
             SELECT y.id, row_number() OVER (ORDER BY y.priority DESC, y.next_attempt_at, y.id) AS k
             FROM (SELECT e.id, e.priority, e.next_attempt_at
-                  FROM webhook_events e
+                  FROM @extschema@.webhook_events e
                   WHERE e.id IN (SELECT h.id
                                  FROM head h
                                  JOIN unclaimable u
@@ -787,7 +791,7 @@ BEGIN
                     AND e.status = 'pending' AND e.next_attempt_at <= now()
                   FOR UPDATE SKIP LOCKED) y
         )
-        UPDATE webhook_events e
+        UPDATE @extschema@.webhook_events e
         SET next_attempt_at = now() + make_interval(secs => unclaimable_wait + a.k * 1e-6),
             parked = false
         FROM aside a
@@ -800,7 +804,7 @@ $$;
 -- most 30 s.  (A 429's cooldown comes from the destination instead.)
 CREATE FUNCTION retry_backoff(attempts int) RETURNS float8
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT least(30.0, 0.5 * 2 ^ least(greatest(attempts - 1, 0), 10)) $$;
 
 -- record_delivery: what came back for one claimed event.  Call it for every
@@ -842,7 +846,8 @@ AS $$ SELECT least(30.0, 0.5 * 2 ^ least(greatest(attempts - 1, 0), 10)) $$;
 -- frees their slots.  Call it once the requests are over, in a transaction
 -- of its own.  Returns each event's outcome, in the order given.  Errors
 -- (22004, 22023) change nothing: a NULL or repeated event id, arrays of
--- other lengths, max_attempts below 1.
+-- other lengths, max_attempts below 1, a NULL lease (it would match any
+-- claim's lease).
 CREATE FUNCTION record_deliveries(
     event_ids bigint[],
     http_statuses int[],
@@ -854,7 +859,7 @@ CREATE FUNCTION record_deliveries(
     max_attempts int DEFAULT 25)
 RETURNS TABLE (event_id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -894,9 +899,19 @@ BEGIN
     IF max_attempts IS NULL OR max_attempts < 1 THEN
         RAISE EXCEPTION 'max_attempts must be at least 1' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- a NULL lease would match whatever lease the event holds: an outcome
+    -- recorded late, after the event was requeued and claimed again, would
+    -- be taken for the new claim's and free its slot
+    IF array_position(claimed_leases, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'claimed_leases must not hold a NULL'
+            USING ERRCODE = 'null_value_not_allowed',
+                  DETAIL = format('The lease of event %s is NULL.',
+                                  event_ids[array_position(claimed_leases, NULL)]),
+                  HINT = 'Pass each event''s lease_until as the claim returned it.';
+    END IF;
 
     -- the batch's events, in id order, as claims and other batches lock them
-    PERFORM 1 FROM webhook_events w WHERE w.id = ANY (event_ids) ORDER BY w.id FOR UPDATE;
+    PERFORM 1 FROM @extschema@.webhook_events w WHERE w.id = ANY (event_ids) ORDER BY w.id FOR UPDATE;
 
     -- each answer to its bucket, in byte order of the endpoints (the order
     -- bucket_take_batch locks buckets in), and what it makes of the event
@@ -909,7 +924,7 @@ BEGIN
                     coalesce(sent, array_fill(NULL::boolean, ARRAY[n])),
                     coalesce(sent_ats, array_fill(NULL::timestamptz, ARRAY[n])))
              WITH ORDINALITY AS u(id, status, lease, ra, hd, snt, sa, o)
-        LEFT JOIN webhook_events e ON e.id = u.id
+        LEFT JOIN @extschema@.webhook_events e ON e.id = u.id
         ORDER BY e.endpoint COLLATE "C", u.id
     LOOP
         d_ord := d_ord || r.o;
@@ -931,7 +946,7 @@ BEGIN
                 tries := r.attempts + CASE WHEN r.snt THEN 1 ELSE 0 END;
                 wait := greatest(coalesce(fb.cooldown_seconds, 0),
                                  CASE WHEN fb.outcome = 'failure'
-                                      THEN retry_backoff(tries) ELSE 0 END);
+                                      THEN @extschema@.retry_backoff(tries) ELSE 0 END);
                 d_out := d_out || fb.outcome::text;
                 d_state := d_state || CASE WHEN fb.outcome = 'success' THEN 'delivered'
                                            WHEN fb.outcome = 'neutral' OR tries >= max_attempts
@@ -954,7 +969,7 @@ BEGIN
     WHERE x.state IS NOT NULL AND x.slot IS NOT NULL
     GROUP BY x.cap;
 
-    UPDATE webhook_events e
+    UPDATE @extschema@.webhook_events e
     SET status = d.state, attempts = d.tries, last_status = d.http,
         delivered_at = CASE WHEN d.state = 'delivered' THEN clock_timestamp() ELSE e.delivered_at END,
         next_attempt_at = CASE WHEN d.state = 'pending'
@@ -986,15 +1001,15 @@ CREATE FUNCTION record_delivery(
     sent_at timestamptz DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    ev       webhook_events;
+    ev       @extschema@.webhook_events;
     fb       record;
     tries    int;
     delay    float8;
 BEGIN
-    SELECT * INTO ev FROM webhook_events WHERE id = event_id FOR UPDATE;
+    SELECT * INTO ev FROM @extschema@.webhook_events WHERE id = event_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 'missing';
     END IF;
@@ -1019,20 +1034,20 @@ BEGIN
     tries := ev.attempts + CASE WHEN sent THEN 1 ELSE 0 END;
 
     IF fb.outcome = 'success' THEN
-        UPDATE webhook_events
+        UPDATE @extschema@.webhook_events
         SET status = 'delivered', attempts = tries, last_status = http_status,
             delivered_at = clock_timestamp(), lease_until = NULL, slot = NULL, parked = false
         WHERE id = event_id;
     ELSIF fb.outcome = 'neutral' OR tries >= max_attempts THEN
-        UPDATE webhook_events
+        UPDATE @extschema@.webhook_events
         SET status = 'failed', attempts = tries, last_status = http_status,
             lease_until = NULL, slot = NULL, parked = false
         WHERE id = event_id;
     ELSE
         delay := greatest(coalesce(fb.cooldown_seconds, 0),
                           CASE WHEN fb.outcome = 'failure'
-                               THEN retry_backoff(tries) ELSE 0 END);
-        UPDATE webhook_events
+                               THEN @extschema@.retry_backoff(tries) ELSE 0 END);
+        UPDATE @extschema@.webhook_events
         SET status = 'pending', attempts = tries, last_status = http_status,
             next_attempt_at = clock_timestamp() + make_interval(secs => delay),
             lease_until = NULL, slot = NULL,
@@ -1053,14 +1068,14 @@ END $$;
 -- when outcomes are recorded.)
 CREATE FUNCTION next_due() RETURNS float8
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT greatest(0.0, min(greatest(
            extract(epoch FROM p.due - clock_timestamp())::float8,
            ratebucket.bucket_wait(p.endpoint),
            (SELECT max(ratebucket.bucket_wait(k)) FROM unnest(p.limits) AS k))))
 FROM (SELECT e.endpoint, e.limits, min(e.next_attempt_at) AS due
-      FROM webhook_events e
+      FROM @extschema@.webhook_events e
       WHERE e.status = 'pending'
       GROUP BY e.endpoint, e.limits) p
 HAVING count(*) > 0
@@ -1072,10 +1087,10 @@ $$;
 -- delivered twice (at least once).
 CREATE FUNCTION requeue_expired() RETURNS bigint
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 WITH expired AS MATERIALIZED (   -- in id order, as a batch's record locks them
-    SELECT id, inflight_key, slot FROM webhook_events
+    SELECT id, inflight_key, slot FROM @extschema@.webhook_events
     WHERE status = 'sending' AND lease_until < now()
     ORDER BY id
     FOR UPDATE SKIP LOCKED
@@ -1085,15 +1100,15 @@ WITH expired AS MATERIALIZED (   -- in id order, as a batch's record locks them
     WHERE x.slot IS NOT NULL
     GROUP BY x.inflight_key
 ), r AS (
-    UPDATE webhook_events e
+    UPDATE @extschema@.webhook_events e
     SET status = 'pending', lease_until = NULL, next_attempt_at = now(), slot = NULL,
         parked = false
     FROM expired x
     WHERE e.id = x.id
     RETURNING 1
 ), forgotten AS (   -- parking cursors no claim needs any more (claim_events, 6)
-    DELETE FROM webhook_parking p
-    WHERE p.endpoint IN (SELECT c.endpoint FROM webhook_parking c
+    DELETE FROM @extschema@.webhook_parking p
+    WHERE p.endpoint IN (SELECT c.endpoint FROM @extschema@.webhook_parking c
                          WHERE c.parked_until < now() - interval '1 hour'
                          FOR UPDATE SKIP LOCKED))
 SELECT count(*) FROM r WHERE (SELECT count(*) FROM freed) >= 0
@@ -1105,11 +1120,11 @@ $$;
 -- not left for that run.
 CREATE FUNCTION events_left(before timestamptz DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- (PL/pgSQL: Citus plans no SQL function with parameters)
-    RETURN (SELECT count(*) FROM webhook_events
+    RETURN (SELECT count(*) FROM @extschema@.webhook_events
             WHERE status = 'sending'
                OR (status = 'pending' AND (before IS NULL OR next_attempt_at < before)));
 END $$;
@@ -1127,7 +1142,7 @@ END $$;
 CREATE FUNCTION explain_keys(keys text[], cap_key text, now_ timestamptz)
 RETURNS TABLE (reason text, key text, until timestamptz, detail text)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     b record;
@@ -1200,17 +1215,17 @@ END $$;
 CREATE FUNCTION explain_event(event_id bigint)
 RETURNS TABLE (reason text, key text, until timestamptz, detail text)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    e webhook_events;
+    e @extschema@.webhook_events;
     now_ timestamptz := clock_timestamp();
     held boolean;
 BEGIN
     IF event_id IS NULL THEN
         RAISE EXCEPTION 'event_id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    SELECT * INTO e FROM webhook_events w WHERE w.id = event_id;
+    SELECT * INTO e FROM @extschema@.webhook_events w WHERE w.id = event_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no event % in webhook_events', event_id USING ERRCODE = 'no_data_found';
     END IF;
@@ -1227,7 +1242,7 @@ BEGIN
         RETURN;
     END IF;
 
-    RETURN QUERY SELECT * FROM explain_keys(ARRAY[e.endpoint] || e.limits, e.inflight_key, now_);
+    RETURN QUERY SELECT * FROM @extschema@.explain_keys(ARRAY[e.endpoint] || e.limits, e.inflight_key, now_);
     held := FOUND;
     IF e.next_attempt_at > now_ THEN
         held := true;
@@ -1254,12 +1269,12 @@ END $$;
 CREATE FUNCTION explain_endpoint(endpoint text)
 RETURNS TABLE (reason text, key text, until timestamptz, detail text)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ep text := explain_endpoint.endpoint;
     now_ timestamptz := clock_timestamp();
-    head webhook_events;
+    head @extschema@.webhook_events;
     n record;
     held boolean;
 BEGIN
@@ -1274,15 +1289,15 @@ BEGIN
            min(e.next_attempt_at) FILTER (WHERE e.status = 'pending') AS next_at,
            min(e.lease_until) FILTER (WHERE e.status = 'sending') AS lease_at
     INTO n
-    FROM webhook_events e
+    FROM @extschema@.webhook_events e
     WHERE e.endpoint = ep AND e.status IN ('pending', 'sending');
     SELECT * INTO head
-    FROM webhook_events e
+    FROM @extschema@.webhook_events e
     WHERE e.endpoint = ep AND e.status = 'pending'
     ORDER BY e.priority DESC, e.next_attempt_at
     LIMIT 1;
 
-    RETURN QUERY SELECT * FROM explain_keys(ARRAY[ep] || coalesce(head.limits, '{}'),
+    RETURN QUERY SELECT * FROM @extschema@.explain_keys(ARRAY[ep] || coalesce(head.limits, '{}'),
                                             head.inflight_key, now_);
     held := FOUND;
     IF n.sending > 0 THEN
@@ -1311,8 +1326,8 @@ END $$;
 -- calls explain_event once per event.
 CREATE VIEW event_waits AS
 SELECT e.id AS event_id, e.endpoint, x.reason, x.key, x.until, x.detail
-FROM webhook_events e
-CROSS JOIN LATERAL explain_event(e.id) x
+FROM @extschema@.webhook_events e
+CROSS JOIN LATERAL @extschema@.explain_event(e.id) x
 WHERE e.status IN ('pending', 'sending');
 
 -- endpoint_status: one row per endpoint with events pending or in flight:
@@ -1339,7 +1354,7 @@ FROM (SELECT e.endpoint,
                                     AND e.next_attempt_at > clock_timestamp()) AS parked,
              count(*) FILTER (WHERE e.status = 'sending') AS in_flight,
              min(e.next_attempt_at) FILTER (WHERE e.status = 'pending') AS next_due_at
-      FROM webhook_events e
+      FROM @extschema@.webhook_events e
       WHERE e.status IN ('pending', 'sending')
       GROUP BY e.endpoint) q
 LEFT JOIN ratebucket.buckets b ON b.endpoint = q.endpoint;
@@ -1360,7 +1375,7 @@ LEFT JOIN ratebucket.buckets b ON b.endpoint = q.endpoint;
 CREATE FUNCTION due_endpoints(max_endpoints int DEFAULT 100)
 RETURNS TABLE (endpoint text, due bigint, expired bigint, oldest timestamptz)
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -1370,7 +1385,7 @@ BEGIN
            count(*) FILTER (WHERE e.status = 'pending'),
            count(*) FILTER (WHERE e.status = 'sending'),
            min(e.next_attempt_at) FILTER (WHERE e.status = 'pending')
-    FROM webhook_events e
+    FROM @extschema@.webhook_events e
     WHERE (e.status = 'pending' AND e.next_attempt_at <= now())
        OR (e.status = 'sending' AND e.lease_until < now())
     GROUP BY e.endpoint
@@ -1410,7 +1425,7 @@ CREATE FUNCTION claim_endpoint(
     unclaimable_wait float8 DEFAULT 5)
 RETURNS TABLE (id bigint, endpoint text, attempts int, payload jsonb, lease_until timestamptz)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1452,7 +1467,7 @@ BEGIN
     SELECT array_agg(x.id ORDER BY x.id), array_agg(x.inflight_key ORDER BY x.id),
            array_agg(x.slot ORDER BY x.id)
     INTO x_ids, x_caps, x_slots
-    FROM (SELECT e.id, e.inflight_key, e.slot FROM webhook_events e
+    FROM (SELECT e.id, e.inflight_key, e.slot FROM @extschema@.webhook_events e
           WHERE e.endpoint = ep AND e.status = 'sending' AND e.lease_until < now()
           ORDER BY e.id
           FOR UPDATE SKIP LOCKED) x;
@@ -1461,7 +1476,7 @@ BEGIN
         FROM unnest(x_caps, x_slots) AS s(cap, slot)
         WHERE s.slot IS NOT NULL
         GROUP BY s.cap;
-        UPDATE webhook_events e
+        UPDATE @extschema@.webhook_events e
         SET status = 'pending', lease_until = NULL, next_attempt_at = now(), slot = NULL,
             parked = false
         WHERE e.endpoint = ep AND e.id = ANY (x_ids);
@@ -1469,7 +1484,7 @@ BEGIN
 
     -- 2. the head
     SELECT e.limits, e.inflight_key INTO head
-    FROM webhook_events e
+    FROM @extschema@.webhook_events e
     WHERE e.endpoint = ep AND e.status = 'pending' AND e.next_attempt_at <= now()
     ORDER BY e.priority DESC, e.next_attempt_at
     LIMIT 1;
@@ -1487,12 +1502,12 @@ BEGIN
         n := CASE WHEN m IS NULL OR n IS NULL THEN NULL ELSE least(n, m) END;
     END LOOP;
     IF head.inflight_key IS NOT NULL THEN
-        m := claim_cap_free(head.inflight_key);
+        m := @extschema@.claim_cap_free(head.inflight_key);
         n := CASE WHEN m IS NULL OR n IS NULL THEN NULL ELSE least(n, m) END;
     END IF;
     IF n IS NULL
        OR ((cardinality(head.limits) > 0 OR head.inflight_key IS NOT NULL)
-           AND EXISTS (SELECT 1 FROM claim_bucket_info(ARRAY[ep] || head.limits) i
+           AND EXISTS (SELECT 1 FROM @extschema@.claim_bucket_info(ARRAY[ep] || head.limits) i
                        WHERE i.striped)) THEN
         -- left alone, as claim_events leaves them: set aside for
         -- unclaimable_wait, so that due_endpoints lists what can go
@@ -1505,7 +1520,7 @@ BEGIN
         -- claim finding it again
         SELECT greatest(max(ratebucket.bucket_wait(k.key)),
                         CASE WHEN head.inflight_key IS NOT NULL
-                                  AND claim_cap_free(head.inflight_key) = 0
+                                  AND @extschema@.claim_cap_free(head.inflight_key) = 0
                              THEN cap_wait ELSE 0 END,
                         0.001)
         INTO wait
@@ -1514,11 +1529,11 @@ BEGIN
     END IF;
     IF wait IS NOT NULL THEN
         -- the head's first max_events due events
-        UPDATE webhook_events e
+        UPDATE @extschema@.webhook_events e
         SET next_attempt_at = now() + make_interval(secs => least(wait, 366 * 86400.0)),
             parked = park
         WHERE e.endpoint = ep
-          AND e.id IN (SELECT d.id FROM webhook_events d
+          AND e.id IN (SELECT d.id FROM @extschema@.webhook_events d
                        WHERE d.endpoint = ep
                          AND d.limits = head.limits
                          AND d.inflight_key IS NOT DISTINCT FROM head.inflight_key
@@ -1531,7 +1546,7 @@ BEGIN
 
     -- 5. lock, then take
     SELECT array_agg(l.id ORDER BY l.priority DESC, l.next_attempt_at, l.id) INTO ids
-    FROM (SELECT e.id, e.priority, e.next_attempt_at FROM webhook_events e
+    FROM (SELECT e.id, e.priority, e.next_attempt_at FROM @extschema@.webhook_events e
           WHERE e.endpoint = ep
             AND e.limits = head.limits
             AND e.inflight_key IS NOT DISTINCT FROM head.inflight_key
@@ -1551,7 +1566,7 @@ BEGIN
     -- Citus cannot send a subscript in a statement to the shard)
     refused := ids[t.granted + 1:];
     IF cardinality(refused) > 0 THEN
-        UPDATE webhook_events e
+        UPDATE @extschema@.webhook_events e
         SET next_attempt_at = now() + make_interval(secs => least(t.wait_seconds, 366 * 86400.0)),
             parked = true
         WHERE e.endpoint = ep AND e.id = ANY (refused);
@@ -1560,7 +1575,7 @@ BEGIN
         granted := ids[1:t.granted];
         slots := t.slots[1:t.granted];
         RETURN QUERY
-        UPDATE webhook_events e
+        UPDATE @extschema@.webhook_events e
         SET status = 'sending', lease_until = now() + lease, slot = g.slot, parked = false
         FROM unnest(granted, slots) AS g(id, slot)
         WHERE e.endpoint = ep AND e.id = g.id
@@ -1573,8 +1588,10 @@ END $$;
 -- arguments, the endpoint first).  It locks the events in id order, then
 -- observes each answer on the endpoint's bucket in id order, writes the
 -- events in one statement and frees their slots.  An id that is not an
--- event of this endpoint is 'missing'.  One endpoint per call: on Citus, a
--- bare SELECT * FROM record_endpoint(...) runs on the endpoint's node.
+-- event of this endpoint is 'missing'.  Refused, nothing changed, as
+-- record_deliveries refuses them: a NULL endpoint, a NULL lease.  One
+-- endpoint per call: on Citus, a bare SELECT * FROM record_endpoint(...)
+-- runs on the endpoint's node.
 CREATE FUNCTION record_endpoint(
     for_endpoint text,
     event_ids bigint[],
@@ -1587,7 +1604,7 @@ CREATE FUNCTION record_endpoint(
     max_attempts int DEFAULT 25)
 RETURNS TABLE (event_id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1634,10 +1651,20 @@ BEGIN
     IF max_attempts IS NULL OR max_attempts < 1 THEN
         RAISE EXCEPTION 'max_attempts must be at least 1' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- a NULL lease would match whatever lease the event holds: an outcome
+    -- recorded late, after the event was requeued and claimed again, would
+    -- be taken for the new claim's and free its slot
+    IF array_position(claimed_leases, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'claimed_leases must not hold a NULL'
+            USING ERRCODE = 'null_value_not_allowed',
+                  DETAIL = format('The lease of event %s is NULL.',
+                                  event_ids[array_position(claimed_leases, NULL)]),
+                  HINT = 'Pass each event''s lease_until as the claim returned it.';
+    END IF;
 
     -- the events, in id order, as claims and other batches lock them
     SELECT array_agg(w.id) INTO found_
-    FROM (SELECT e.id FROM webhook_events e
+    FROM (SELECT e.id FROM @extschema@.webhook_events e
           WHERE e.endpoint = ep AND e.id = ANY (event_ids)
           ORDER BY e.id FOR UPDATE) w;
 
@@ -1662,7 +1689,7 @@ BEGIN
         ELSE
             SELECT * INTO fb FROM ratebucket.bucket_observe(ep, r.status, r.ra, r.hd, r.sa);
             SELECT e.status AS was, e.lease_until, e.attempts, e.slot, e.inflight_key INTO STRICT t
-            FROM webhook_events e WHERE e.endpoint = ep AND e.id = r.id;
+            FROM @extschema@.webhook_events e WHERE e.endpoint = ep AND e.id = r.id;
             IF t.was <> 'sending' OR t.lease_until IS DISTINCT FROM coalesce(r.lease, t.lease_until) THEN
                 d_out := d_out || 'stale'::text;
                 d_state := d_state || NULL::text;
@@ -1670,7 +1697,7 @@ BEGIN
                 tries := t.attempts + CASE WHEN r.snt THEN 1 ELSE 0 END;
                 wait := greatest(coalesce(fb.cooldown_seconds, 0),
                                  CASE WHEN fb.outcome = 'failure'
-                                      THEN retry_backoff(tries) ELSE 0 END);
+                                      THEN @extschema@.retry_backoff(tries) ELSE 0 END);
                 d_out := d_out || fb.outcome::text;
                 d_state := d_state || CASE WHEN fb.outcome = 'success' THEN 'delivered'
                                            WHEN fb.outcome = 'neutral' OR tries >= max_attempts
@@ -1697,7 +1724,7 @@ BEGIN
     at_ := clock_timestamp();
     d_next := ARRAY(SELECT at_ + make_interval(secs => coalesce(w.s, 0))
                     FROM unnest(d_wait) WITH ORDINALITY AS w(s, o) ORDER BY w.o);
-    UPDATE webhook_events e
+    UPDATE @extschema@.webhook_events e
     SET status = d.state, attempts = d.tries, last_status = d.http,
         delivered_at = CASE WHEN d.state = 'delivered' THEN at_ ELSE e.delivered_at END,
         next_attempt_at = CASE WHEN d.state = 'pending' THEN d.next ELSE e.next_attempt_at END,
@@ -1722,7 +1749,7 @@ END $$;
 CREATE FUNCTION distribute_queue()
 RETURNS TABLE (object text, action text)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     rel regclass;
@@ -1735,7 +1762,7 @@ BEGIN
             USING ERRCODE = 'feature_not_supported',
                   HINT = 'Run CREATE EXTENSION citus, then ratebucket.distribute() and distribute_queue() on the coordinator.';
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition p
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p
                    WHERE p.logicalrelid = 'ratebucket.buckets'::regclass) THEN
         RAISE EXCEPTION 'the buckets are not distributed'
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -1744,25 +1771,29 @@ BEGIN
     -- the primary key, made (endpoint, id) where it is (id), on this node
     -- and on every worker (where the extension's own table is the shell)
     rekey := format($r$DO $do$ BEGIN
-        IF (SELECT array_agg(a.attname::text ORDER BY k.o)
-            FROM pg_index i
-            CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, o)
-            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-            WHERE i.indrelid = %1$L::regclass AND i.indisprimary) = ARRAY['id'] THEN
+        IF (SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.o)
+            FROM pg_catalog.pg_index i
+            CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, o)
+            JOIN pg_catalog.pg_attribute a
+              ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
+             AND a.attnum OPERATOR(pg_catalog.=) k.attnum
+            WHERE i.indrelid OPERATOR(pg_catalog.=) %1$L::pg_catalog.regclass AND i.indisprimary)
+           OPERATOR(pg_catalog.=) ARRAY['id']::pg_catalog.text[] THEN
             ALTER TABLE %1$s DROP CONSTRAINT webhook_events_pkey,
                 ADD CONSTRAINT webhook_events_pkey PRIMARY KEY (endpoint, id);
         END IF;
     END $do$ $r$, '@extschema@.webhook_events');
-    FOREACH rel IN ARRAY ARRAY['webhook_events'::regclass, 'webhook_parking'::regclass] LOOP
-        object := '@extschema@.' || rel::text;
-        IF EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = rel) THEN
+    FOREACH rel IN ARRAY ARRAY['@extschema@.webhook_events'::regclass,
+                               '@extschema@.webhook_parking'::regclass] LOOP
+        object := rel::text;
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p WHERE p.logicalrelid = rel) THEN
             action := 'already distributed';
         ELSE
-            IF rel = 'webhook_events'::regclass THEN
+            IF rel = '@extschema@.webhook_events'::regclass THEN
                 EXECUTE rekey;
                 SELECT string_agg(w.nodename || ':' || w.nodeport || ': ' || w.result, '; ')
                 INTO failed
-                FROM run_command_on_workers(rekey) AS w WHERE NOT w.success;
+                FROM pg_catalog.run_command_on_workers(rekey) AS w WHERE NOT w.success;
                 IF failed IS NOT NULL THEN
                     RAISE EXCEPTION 'could not change the primary key of % on every worker', rel
                         USING ERRCODE = 'connection_exception', DETAIL = failed;
@@ -1772,23 +1803,23 @@ BEGIN
                 -- and a NOTIFY cannot be part of a two-phase commit (an
                 -- INSERT of events of several nodes): dropped.  Workers
                 -- poll due_endpoints instead.
-                DROP TRIGGER IF EXISTS webhook_events_notify ON webhook_events;
+                DROP TRIGGER IF EXISTS webhook_events_notify ON @extschema@.webhook_events;
             END IF;
-            PERFORM create_distributed_table(rel, 'endpoint', colocate_with => 'ratebucket.buckets');
+            PERFORM pg_catalog.create_distributed_table(rel, 'endpoint', colocate_with => 'ratebucket.buckets');
             action := 'distributed by endpoint, co-located with ratebucket.buckets';
         END IF;
         RETURN NEXT;
     END LOOP;
-    FOREACH f IN ARRAY ARRAY['claim_endpoint(text,int,interval,float8,float8)'::regprocedure,
-                             'record_endpoint(text,bigint[],int[],timestamptz[],text[],jsonb[],boolean[],timestamptz[],int)'::regprocedure,
-                             'explain_endpoint(text)'::regprocedure] LOOP
-        object := '@extschema@.' || f::text;
-        IF EXISTS (SELECT 1 FROM pg_dist_object d
+    FOREACH f IN ARRAY ARRAY['@extschema@.claim_endpoint(text,int,interval,float8,float8)'::regprocedure,
+                             '@extschema@.record_endpoint(text,bigint[],int[],timestamptz[],text[],jsonb[],boolean[],timestamptz[],int)'::regprocedure,
+                             '@extschema@.explain_endpoint(text)'::regprocedure] LOOP
+        object := f::text;
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object d
                    WHERE d.classid = 'pg_proc'::regclass AND d.objid = f::oid
                      AND d.distribution_argument_index IS NOT NULL) THEN
             action := 'already delegated';
         ELSE
-            PERFORM create_distributed_function(f, '$1', colocate_with => 'ratebucket.buckets');
+            PERFORM pg_catalog.create_distributed_function(f, '$1', colocate_with => 'ratebucket.buckets');
             action := 'delegated on its first argument';
         END IF;
         RETURN NEXT;
