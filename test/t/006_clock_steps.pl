@@ -278,10 +278,13 @@ for my $i (0 .. $#phases)
 	}
 	$probe{A_time} //= Time::HiRes::time();
 
+	# at least three samples in each phase, however slow the probes were
 	my $until = $t_step{$phase} + $phase_s;
-	while (Time::HiRes::time() < $until)
+	my $n = 0;
+	while (Time::HiRes::time() < $until || $n < 3)
 	{
 		sample($phase);
+		$n++;
 		Time::HiRes::sleep(0.2);
 	}
 }
