@@ -21,9 +21,12 @@ OBJS = $(CORE_OBJS) $(BUCKET_OBJS) $(ENGINE_OBJS) $(API_OBJS) \
 # install script of the current version.  The released scripts are shipped as
 # they are: 1.0's install script (the upgrade test starts there) and every
 # update, sql/updates/ratebucket--<from>--<to>.sql.
-# The same for ratebucket_queue: sql/install/ratebucket_queue.sql is its
-# current surface, its 1.0 install script and its updates are shipped as
-# they are.
+# The same for ratebucket_queue, whose current surface is split by concern
+# into sql/install/ratebucket_queue/*.sql (tables, the claim's inputs,
+# parking, the claim, recording, upkeep, explanations, the per-endpoint
+# functions, Citus), concatenated in name order into the install script of
+# its current version; its 1.0 install script and its updates are shipped
+# as they are.
 DATA_built = sql/install/ratebucket--$(EXTVERSION).sql \
 	sql/install/ratebucket_queue--$(QUEUE_VERSION).sql
 DATA = sql/install/ratebucket--1.0.sql $(wildcard sql/updates/ratebucket--*--*.sql) \
@@ -64,5 +67,6 @@ include $(PGXS)
 # The install script of the current version is a copy of the current surface.
 sql/install/ratebucket--$(EXTVERSION).sql: sql/install/ratebucket.sql
 	cp $< $@
-sql/install/ratebucket_queue--$(QUEUE_VERSION).sql: sql/install/ratebucket_queue.sql
-	cp $< $@
+QUEUE_PARTS = $(sort $(wildcard sql/install/ratebucket_queue/*.sql))
+sql/install/ratebucket_queue--$(QUEUE_VERSION).sql: $(QUEUE_PARTS)
+	for f in $^; do cat $$f; echo; done > $@

@@ -2,7 +2,7 @@
 -- queue_upgrade: a queue on ratebucket_queue 1.0, with events in every
 -- state, parked ones among them, and a worker's grants, updated with ALTER
 -- EXTENSION ... UPDATE, ends up with the same objects as a fresh install of
--- the newest version (which runs sql/install/ratebucket_queue.sql, the
+-- the newest version (which runs sql/install/ratebucket_queue/, the
 -- current surface), its rows untouched, its grants kept, and the queue
 -- working on the old rows.  (As sql/upgrade.sql does for ratebucket.)
 --

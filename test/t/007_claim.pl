@@ -770,11 +770,11 @@ $node->stop;
 
 # doc/claim.md shows claim_events' statement: it must be the one tested here.
 {
-	my $queue = slurp_file('sql/install/ratebucket_queue.sql');
+	my $queue = slurp_file('sql/install/ratebucket_queue/30_claim.sql');
 	my $doc = slurp_file('doc/claim.md');
 	my ($code) = $queue =~ /^(    WITH head AS MATERIALIZED \(.*?\n    RETURNING e\.id[^\n]*;)$/ms;
 	my ($shown) = $doc =~ /^(WITH head AS MATERIALIZED \(.*?)^```/ms;
-	ok(defined $code && defined $shown, 'the claim statement is found in sql/install/ratebucket_queue.sql and doc/claim.md');
+	ok(defined $code && defined $shown, 'the claim statement is found in sql/install/ratebucket_queue/30_claim.sql and doc/claim.md');
 	$code =~ s/^    //mg if defined $code;
 	is($shown, (defined $code ? "$code\n" : undef),
 		"doc/claim.md's copy of claim_events' statement is ratebucket_queue's");
