@@ -118,6 +118,8 @@ extern void rb_engine_take_batch(RbBatch *batch);
 extern int64 *rb_batch_slots(const RbBatch *batch, const RbBatchRequest *req);
 
 /* observe.c */
+extern bool rb_engine_observe_many(text *endpoint, const RbResponse *responses,
+								   int n, RbObservation *out);
 extern bool rb_engine_observe(text *endpoint, const RbResponse *response,
 							  RbObservation *out);
 

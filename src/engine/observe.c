@@ -26,19 +26,51 @@ rb_unix_seconds(TimestampTz ts)
 }
 
 /*
- * rb_engine_observe
- *		Apply a response to the endpoint's bucket.  False if the endpoint
- *		has no bucket (and no template makes one): nothing to adapt, and
- *		*out says only the outcome.
+ * rb_observe_locked
+ *		Apply one response to a bucket locked and read at "now", as
+ *		bucket_observe does: measured against its configuration, refilled
+ *		at the limits its last take wrote, carried to its stripes.
+ */
+static void
+rb_observe_locked(text *endpoint, RbBucket *bucket, const RbResponse *response,
+				  TimestampTz now, RbObservation *out)
+{
+	RbPolicy	policy;
+	RbObserved	observed;
+
+	observed.ceiling = rb_bucket_ceiling(bucket);
+	observed.capacity = rb_is_configured(bucket) ?
+		bucket->conf_capacity : bucket->capacity;
+	observed.is_quota = rb_is_quota(bucket);
+	observed.holds_tokens = !rb_is_stripe_parent(bucket);
+	rb_bucket_policy(bucket, observed.ceiling, &policy);
+	rb_bucket_settle(bucket, now);
+	/* the row refills at the limits its last take wrote, as a take banks */
+	observed.refill_rate = rb_bucket_rate_now(bucket, now);
+	observed.refill_capacity = rb_bucket_capacity_now(bucket, now);
+	rb_feedback_observe(&bucket->state, &bucket->adapt, &bucket->feedback,
+						&policy, &observed, response,
+						now, rb_unix_seconds(now), out);
+
+	/* a striped bucket: what takes are told changes on every stripe */
+	if (rb_is_stripe_parent(bucket) && out->adapt_changed)
+		rb_stripe_sync(endpoint, bucket, RB_SYNC_ADAPT);
+}
+
+/*
+ * rb_engine_observe_many
+ *		Apply n responses of one endpoint to its bucket, in their order,
+ *		under one lock and with one write of its row: what n calls of
+ *		bucket_observe in a row would do, each reading the clock the first
+ *		one read.  False if the endpoint has no bucket (and no template
+ *		makes one): each out[i] then says only the outcome.
  */
 bool
-rb_engine_observe(text *endpoint, const RbResponse *response,
-				  RbObservation *out)
+rb_engine_observe_many(text *endpoint, const RbResponse *responses, int n,
+					   RbObservation *out)
 {
 	RbStorageSession session;
 	RbBucket	bucket;
-	RbPolicy	policy;
-	RbObserved	observed;
 	TimestampTz now;
 	bool		found;
 
@@ -48,32 +80,32 @@ rb_engine_observe(text *endpoint, const RbResponse *response,
 		rb_lock_configured(endpoint, &bucket);
 	now = GetCurrentTimestamp();
 
-	if (!found)
+	for (int i = 0; i < n; i++)
 	{
-		rb_storage_end(&session);
-		memset(out, 0, sizeof(*out));
-		out->outcome = rb_response_outcome(response, rb_unix_seconds(now));
-		return false;
+		if (!found)
+		{
+			memset(&out[i], 0, sizeof(out[i]));
+			out[i].outcome = rb_response_outcome(&responses[i],
+												 rb_unix_seconds(now));
+		}
+		else
+			rb_observe_locked(endpoint, &bucket, &responses[i], now, &out[i]);
 	}
-
-	observed.ceiling = rb_bucket_ceiling(&bucket);
-	observed.capacity = rb_is_configured(&bucket) ?
-		bucket.conf_capacity : bucket.capacity;
-	observed.is_quota = rb_is_quota(&bucket);
-	observed.holds_tokens = !rb_is_stripe_parent(&bucket);
-	rb_bucket_policy(&bucket, observed.ceiling, &policy);
-	rb_bucket_settle(&bucket, now);
-	/* the row refills at the limits its last take wrote, as a take banks */
-	observed.refill_rate = rb_bucket_rate_now(&bucket, now);
-	observed.refill_capacity = rb_bucket_capacity_now(&bucket, now);
-	rb_feedback_observe(&bucket.state, &bucket.adapt, &bucket.feedback,
-						&policy, &observed, response,
-						now, rb_unix_seconds(now), out);
-
-	/* a striped bucket: what takes are told changes on every stripe */
-	if (rb_is_stripe_parent(&bucket) && out->adapt_changed)
-		rb_stripe_sync(endpoint, &bucket, RB_SYNC_ADAPT);
-	rb_storage_update(&bucket);
+	if (found)
+		rb_storage_update(&bucket);
 	rb_storage_end(&session);
-	return true;
+	return found;
+}
+
+/*
+ * rb_engine_observe
+ *		Apply a response to the endpoint's bucket.  False if the endpoint
+ *		has no bucket (and no template makes one): nothing to adapt, and
+ *		*out says only the outcome.
+ */
+bool
+rb_engine_observe(text *endpoint, const RbResponse *response,
+				  RbObservation *out)
+{
+	return rb_engine_observe_many(endpoint, response, 1, out);
 }

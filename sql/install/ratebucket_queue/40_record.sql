@@ -1,81 +1,42 @@
--- The delay before retrying after a failure: 0.5 s doubling per attempt, at
--- most 30 s.  (A 429's cooldown comes from the destination instead.)
-CREATE FUNCTION retry_backoff(attempts int) RETURNS float8
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT least(30.0, 0.5 * 2 ^ least(greatest(attempts - 1, 0), 10)) $$;
-
--- record_delivery: what came back for one claimed event.  Call it for every
--- event of a batch in one transaction, after the requests, never during,
--- and take that transaction's locks in the claim's order: first lock all the
--- batch's events (SELECT ... WHERE id = ANY (...) ORDER BY id FOR UPDATE),
--- then call record_delivery in endpoint order.  record_delivery locks its
--- event, then its bucket; called one after the other without that first
--- lock, a batch would hold bucket A while waiting for an event that a
--- concurrent claim holds while it waits for bucket A (a claim's FOR UPDATE
--- SKIP LOCKED keeps the lock on a row that another worker claimed since its
--- snapshot): a deadlock, found only after deadlock_timeout.
---
--- http_status NULL means no response (timeout, reset, refused); sent false
--- means the request never left (could not connect): then the attempt does
--- not count.  The destination's answer always goes to bucket_observe (its
--- cooldowns, rate and breaker); the event is then
+-- Recording: what came back for claimed events.  One way, for one event,
+-- a batch, or one endpoint's batch: the arguments checked (record_check),
+-- the events locked in id order (as claims and other batches lock them),
+-- every answer observed with one ratebucket.bucket_observe_batch (each
+-- endpoint's bucket locked once, in byte order of the endpoints, the order
+-- bucket_take_batch locks buckets in), what becomes of each event decided
+-- (record_decide), the slots freed and the events written in one
+-- statement.  The destination's answer is observed whatever became of the
+-- lease; the event is then
 --   2xx                 delivered;
 --   429, 503 + Retry-After, failures (5xx, timeouts): pending again, due
 --                       after the cooldown or a backoff, up to max_attempts;
 --   other statuses      (4xx: the request's own fault) failed at once.
--- Returns the outcome; 'stale' if the event is no longer this worker's
--- (its lease expired and it went back to the queue: the destination's answer
--- is still observed), or 'missing' if it was deleted meanwhile (nothing is
--- recorded: its endpoint is no longer known).  Pass claimed_lease, the
--- lease_until claim_events returned with the event: without it, an outcome
--- recorded after the event was requeued and claimed again by another worker
--- would be taken for that worker's (and free its in-flight slot).  Pass
--- sent_at, when the request left (on the database's clock): a 429 then
--- lowers the endpoint's rate only if the request was sent after its last
--- throttle episode, however late its answer is recorded.
--- record_deliveries: what came back for a whole batch, in one call, each
--- event as record_delivery records it (event_ids[i] answered
--- http_statuses[i], and so on; the optional arrays NULL, or as long, their
--- elements NULL where there is nothing to say; sent NULL: true).  It takes
--- its locks in the claim's order by itself: the batch's events in id order
--- first, then their buckets (bucket_observe), in byte order of their
--- endpoints; then it writes the events, one statement for the batch, and
--- frees their slots.  Call it once the requests are over, in a transaction
--- of its own.  Returns each event's outcome, in the order given.  Errors
--- (22004, 22023) change nothing: a NULL or repeated event id, arrays of
--- other lengths, max_attempts below 1, a NULL lease (it would match any
--- claim's lease).
-CREATE FUNCTION record_deliveries(
+-- An event whose lease is not the one given (it ran out, the event went
+-- back to the queue and maybe another worker holds it, with a slot of its
+-- own) is 'stale': observed, not written.  An event deleted meanwhile (or,
+-- per endpoint, not of that endpoint) is 'missing': nothing is recorded.
+
+-- record_check: the arguments of a batch, refused before anything is
+-- locked (22004, 22023): a NULL or repeated event id, arrays of other
+-- lengths, max_attempts below 1, a NULL lease (it would match whatever
+-- lease the event holds: an outcome recorded late, after the event was
+-- requeued and claimed again, would be taken for the new claim's and free
+-- its slot).
+CREATE FUNCTION record_check(
     event_ids bigint[],
     http_statuses int[],
     claimed_leases timestamptz[],
-    retry_afters text[] DEFAULT NULL,
-    headers jsonb[] DEFAULT NULL,
-    sent boolean[] DEFAULT NULL,
-    sent_ats timestamptz[] DEFAULT NULL,
-    max_attempts int DEFAULT 25)
-RETURNS TABLE (event_id bigint, outcome text)
-LANGUAGE plpgsql VOLATILE
+    retry_afters text[],
+    headers jsonb[],
+    sent boolean[],
+    sent_ats timestamptz[],
+    max_attempts int)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
 DECLARE
-    n      int := coalesce(cardinality(event_ids), 0);
-    r      record;
-    fb     record;
-    tries  int;
-    wait   float8;
-    -- per event, in the order observed: what becomes of it
-    d_ord  bigint[] := '{}';     -- its place in event_ids
-    d_id   bigint[] := '{}';
-    d_out  text[] := '{}';       -- the outcome returned
-    d_state text[] := '{}';      -- its new status (NULL: not touched)
-    d_try  int[] := '{}';
-    d_http int[] := '{}';
-    d_wait float8[] := '{}';
-    d_slot bigint[] := '{}';
-    d_cap  text[] := '{}';
+    n int := coalesce(cardinality(event_ids), 0);
 BEGIN
     IF event_ids IS NULL OR array_position(event_ids, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'event_ids must not be NULL nor hold a NULL'
@@ -97,9 +58,6 @@ BEGIN
     IF max_attempts IS NULL OR max_attempts < 1 THEN
         RAISE EXCEPTION 'max_attempts must be at least 1' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- a NULL lease would match whatever lease the event holds: an outcome
-    -- recorded late, after the event was requeued and claimed again, would
-    -- be taken for the new claim's and free its slot
     IF array_position(claimed_leases, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'claimed_leases must not hold a NULL'
             USING ERRCODE = 'null_value_not_allowed',
@@ -107,87 +65,168 @@ BEGIN
                                   event_ids[array_position(claimed_leases, NULL)]),
                   HINT = 'Pass each event''s lease_until as the claim returned it.';
     END IF;
+END $$;
 
-    -- the batch's events, in id order, as claims and other batches lock them
-    PERFORM 1 FROM @extschema@.webhook_events w WHERE w.id = ANY (event_ids) ORDER BY w.id FOR UPDATE;
+-- The delay before retrying after a failure: 0.5 s doubling per attempt, at
+-- most 30 s.  (A 429's cooldown comes from the destination instead.)
+CREATE FUNCTION retry_backoff(attempts int) RETURNS float8
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT least(30.0, 0.5 * 2 ^ least(greatest(attempts - 1, 0), 10)) $$;
 
-    -- each answer to its bucket, in byte order of the endpoints (the order
-    -- bucket_take_batch locks buckets in), and what it makes of the event
-    FOR r IN
-        SELECT u.o, u.id, u.status, u.lease, u.ra, u.hd, coalesce(u.snt, true) AS snt, u.sa,
-               e.endpoint, e.status AS was, e.lease_until, e.attempts, e.slot, e.inflight_key
+-- record_decide: the answers of a batch (checked by record_check), given
+-- with the events they are for as the caller locked them (found: their
+-- endpoint, status, lease, attempts, slot and cap, in the answers' order;
+-- endpoint NULL for an event not found).  Observes every answer of a found
+-- event, in one ratebucket.bucket_observe_batch (each endpoint's answers in
+-- id order), and returns for each answer, in the order given, its outcome
+-- and, for an event still this claim's, its new status, attempts and delay
+-- (state NULL: not written), with the slot it frees.
+CREATE FUNCTION record_decide(
+    event_ids bigint[],
+    http_statuses int[],
+    claimed_leases timestamptz[],
+    retry_afters text[],
+    headers jsonb[],
+    sent boolean[],
+    sent_ats timestamptz[],
+    max_attempts int,
+    endpoints text[],
+    statuses text[],
+    leases timestamptz[],
+    attempts int[],
+    slots bigint[],
+    caps text[])
+RETURNS TABLE (o bigint, id bigint, outcome text, state text, tries int, http int,
+               wait float8, slot bigint, cap text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    n int := cardinality(event_ids);
+BEGIN
+    RETURN QUERY
+    WITH u AS MATERIALIZED (
+        SELECT u.*,
+               -- its place among the answers observed (found events only)
+               CASE WHEN u.endpoint IS NOT NULL THEN
+                   row_number() OVER (PARTITION BY u.endpoint IS NULL
+                                      ORDER BY u.endpoint COLLATE "C", u.id) END AS k
         FROM unnest(event_ids, http_statuses, claimed_leases,
                     coalesce(retry_afters, array_fill(NULL::text, ARRAY[n])),
                     coalesce(headers, array_fill(NULL::jsonb, ARRAY[n])),
                     coalesce(sent, array_fill(NULL::boolean, ARRAY[n])),
-                    coalesce(sent_ats, array_fill(NULL::timestamptz, ARRAY[n])))
-             WITH ORDINALITY AS u(id, status, lease, ra, hd, snt, sa, o)
-        LEFT JOIN @extschema@.webhook_events e ON e.id = u.id
-        ORDER BY e.endpoint COLLATE "C", u.id
-    LOOP
-        d_ord := d_ord || r.o;
-        d_id := d_id || r.id;
-        IF r.endpoint IS NULL THEN
-            -- deleted meanwhile: nothing is recorded, its endpoint is unknown
-            d_out := d_out || 'missing'::text;
-            d_state := d_state || NULL::text;
-        ELSE
-            -- what the destination said is true whatever became of the lease
-            SELECT * INTO fb
-            FROM ratebucket.bucket_observe(r.endpoint, r.status, r.ra, r.hd, r.sa);
-            IF r.was <> 'sending'
-               OR r.lease_until IS DISTINCT FROM coalesce(r.lease, r.lease_until) THEN
-                -- no longer this claim's: another worker may hold it, and its slot
-                d_out := d_out || 'stale'::text;
-                d_state := d_state || NULL::text;
-            ELSE
-                tries := r.attempts + CASE WHEN r.snt THEN 1 ELSE 0 END;
-                wait := greatest(coalesce(fb.cooldown_seconds, 0),
-                                 CASE WHEN fb.outcome = 'failure'
-                                      THEN @extschema@.retry_backoff(tries) ELSE 0 END);
-                d_out := d_out || fb.outcome::text;
-                d_state := d_state || CASE WHEN fb.outcome = 'success' THEN 'delivered'
-                                           WHEN fb.outcome = 'neutral' OR tries >= max_attempts
-                                           THEN 'failed'
-                                           ELSE 'pending' END;
-            END IF;
-        END IF;
-        d_try := d_try || tries;
-        d_http := d_http || r.status;
-        d_wait := d_wait || wait;
-        d_slot := d_slot || r.slot;
-        d_cap := d_cap || r.inflight_key;
-        tries := NULL;
-        wait := NULL;
-    END LOOP;
+                    coalesce(sent_ats, array_fill(NULL::timestamptz, ARRAY[n])),
+                    endpoints, statuses, leases, attempts, slots, caps)
+             WITH ORDINALITY AS u(id, http, lease, ra, hd, snt, sa,
+                                  endpoint, was, lease_until, attempts, slot, cap, o)
+    ), fb AS MATERIALIZED (
+        SELECT f.ord, f.outcome, f.cooldown_seconds
+        FROM ratebucket.bucket_observe_batch(
+                 coalesce((SELECT array_agg(u.endpoint ORDER BY u.k) FROM u WHERE u.k IS NOT NULL), '{}'),
+                 coalesce((SELECT array_agg(u.http ORDER BY u.k) FROM u WHERE u.k IS NOT NULL), '{}'),
+                 (SELECT array_agg(u.ra ORDER BY u.k) FROM u WHERE u.k IS NOT NULL),
+                 (SELECT array_agg(u.hd ORDER BY u.k) FROM u WHERE u.k IS NOT NULL),
+                 (SELECT array_agg(u.sa ORDER BY u.k) FROM u WHERE u.k IS NOT NULL)) f
+    ), d AS (
+        SELECT u.o, u.id, u.http, u.slot, u.cap, fb.outcome, fb.cooldown_seconds,
+               u.endpoint IS NULL AS missing,
+               u.was <> 'sending' OR u.lease_until IS DISTINCT FROM u.lease AS stale,
+               u.attempts + CASE WHEN coalesce(u.snt, true) THEN 1 ELSE 0 END AS tries
+        FROM u LEFT JOIN fb ON fb.ord = u.k
+    )
+    SELECT d.o, d.id,
+           CASE WHEN d.missing THEN 'missing' WHEN d.stale THEN 'stale' ELSE d.outcome END,
+           CASE WHEN d.missing OR d.stale THEN NULL
+                WHEN d.outcome = 'success' THEN 'delivered'
+                WHEN d.outcome = 'neutral' OR d.tries >= max_attempts THEN 'failed'
+                ELSE 'pending' END,
+           d.tries, d.http,
+           greatest(coalesce(d.cooldown_seconds, 0),
+                    CASE WHEN d.outcome = 'failure' THEN @extschema@.retry_backoff(d.tries)
+                         ELSE 0 END),
+           d.slot, d.cap
+    FROM d
+    ORDER BY d.o;
+END $$;
+
+-- record_deliveries: what came back for a whole batch, in one call
+-- (event_ids[i] answered http_statuses[i], and so on; the optional arrays
+-- NULL, or as long, their elements NULL where there is nothing to say;
+-- sent NULL: true).  http_status NULL means no response (timeout, reset,
+-- refused); sent false means the request never left (could not connect):
+-- then the attempt does not count.  Pass claimed_leases, the lease_until
+-- claim_events returned with each event, and sent_ats, when each request
+-- left (on the database's clock): a 429 then lowers the endpoint's rate
+-- only if the request was sent after its last throttle episode, however
+-- late its answer is recorded.  Call it once the requests are over, in a
+-- transaction of its own: it takes its locks in the claim's order by
+-- itself.  Returns each event's outcome, in the order given.  Errors
+-- (record_check) change nothing.
+CREATE FUNCTION record_deliveries(
+    event_ids bigint[],
+    http_statuses int[],
+    claimed_leases timestamptz[],
+    retry_afters text[] DEFAULT NULL,
+    headers jsonb[] DEFAULT NULL,
+    sent boolean[] DEFAULT NULL,
+    sent_ats timestamptz[] DEFAULT NULL,
+    max_attempts int DEFAULT 25)
+RETURNS TABLE (event_id bigint, outcome text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    ev record;
+    d  record;
+BEGIN
+    PERFORM @extschema@.record_check(event_ids, http_statuses, claimed_leases, retry_afters,
+                                     headers, sent, sent_ats, max_attempts);
+    -- the batch's events, in id order, as claims and other batches lock them
+    PERFORM FROM @extschema@.webhook_events w WHERE w.id = ANY (event_ids) ORDER BY w.id FOR UPDATE;
+    SELECT array_agg(e.endpoint ORDER BY u.o) AS endpoints, array_agg(e.status ORDER BY u.o) AS statuses,
+           array_agg(e.lease_until ORDER BY u.o) AS leases, array_agg(e.attempts ORDER BY u.o) AS attempts,
+           array_agg(e.slot ORDER BY u.o) AS slots, array_agg(e.inflight_key ORDER BY u.o) AS caps
+    INTO ev
+    FROM unnest(event_ids) WITH ORDINALITY AS u(id, o)
+    LEFT JOIN @extschema@.webhook_events e ON e.id = u.id;
+
+    SELECT array_agg(x.id ORDER BY x.o) AS id, array_agg(x.outcome ORDER BY x.o) AS outcome,
+           array_agg(x.state ORDER BY x.o) AS state, array_agg(x.tries ORDER BY x.o) AS tries,
+           array_agg(x.http ORDER BY x.o) AS http, array_agg(x.wait ORDER BY x.o) AS wait,
+           array_agg(x.slot ORDER BY x.o) AS slot, array_agg(x.cap ORDER BY x.o) AS cap
+    INTO d
+    FROM @extschema@.record_decide(event_ids, http_statuses, claimed_leases, retry_afters,
+                                   headers, sent, sent_ats, max_attempts, ev.endpoints,
+                                   ev.statuses, ev.leases, ev.attempts, ev.slots, ev.caps) x;
 
     -- the requests are over: their slots are free
     PERFORM ratebucket.inflight_release(x.cap, array_agg(x.slot))
-    FROM unnest(d_state, d_slot, d_cap) AS x(state, slot, cap)
+    FROM unnest(d.state, d.slot, d.cap) AS x(state, slot, cap)
     WHERE x.state IS NOT NULL AND x.slot IS NOT NULL
     GROUP BY x.cap;
 
     UPDATE @extschema@.webhook_events e
-    SET status = d.state, attempts = d.tries, last_status = d.http,
-        delivered_at = CASE WHEN d.state = 'delivered' THEN clock_timestamp() ELSE e.delivered_at END,
-        next_attempt_at = CASE WHEN d.state = 'pending'
-                               THEN clock_timestamp() + make_interval(secs => d.wait)
+    SET status = x.state, attempts = x.tries, last_status = x.http,
+        delivered_at = CASE WHEN x.state = 'delivered' THEN clock_timestamp() ELSE e.delivered_at END,
+        next_attempt_at = CASE WHEN x.state = 'pending'
+                               THEN clock_timestamp() + make_interval(secs => x.wait)
                                ELSE e.next_attempt_at END,
         lease_until = NULL, slot = NULL,
         -- a cooldown is its bucket's (unpark brings it back early); a
         -- backoff is its own
-        parked = d.state = 'pending' AND d.outcome <> 'failure'
-    FROM unnest(d_id, d_state, d_try, d_http, d_wait, d_out) AS d(id, state, tries, http, wait, outcome)
-    WHERE e.id = d.id AND d.state IS NOT NULL;
+        parked = x.state = 'pending' AND x.outcome <> 'failure'
+    FROM unnest(d.id, d.state, d.tries, d.http, d.wait, d.outcome) AS x(id, state, tries, http, wait, outcome)
+    WHERE e.id = x.id AND x.state IS NOT NULL;
 
-    RETURN QUERY
-    SELECT d.id, d.outcome
-    FROM unnest(d_ord, d_id, d_out) AS d(o, id, outcome)
-    ORDER BY d.o;
+    RETURN QUERY SELECT x.id, x.outcome FROM unnest(d.id, d.outcome) AS x(id, outcome);
 END $$;
 
--- record_delivery itself, for one event (record_deliveries makes the same
--- decisions for a batch).
+-- record_delivery: record_deliveries for one event.  claimed_lease NULL
+-- (not recommended) stands for the lease the event holds when it is read
+-- here; sent NULL, as false, does not count the attempt.
 CREATE FUNCTION record_delivery(
     event_id bigint,
     http_status int,
@@ -201,58 +240,14 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    ev       @extschema@.webhook_events;
-    fb       record;
-    tries    int;
-    delay    float8;
 BEGIN
-    SELECT * INTO ev FROM @extschema@.webhook_events WHERE id = event_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN 'missing';
+    IF claimed_lease IS NULL THEN
+        claimed_lease := coalesce((SELECT e.lease_until FROM @extschema@.webhook_events e
+                                   WHERE e.id = event_id), '-infinity');
     END IF;
-
-    -- what the destination said is true whatever became of the lease
-    SELECT * INTO fb
-    FROM ratebucket.bucket_observe(ev.endpoint, http_status, retry_after, headers, sent_at);
-
-    -- Not this worker's claim any more: the lease ran out, the event went
-    -- back to the queue, and maybe another worker holds it now, with a
-    -- slot of its own that this outcome must not free.
-    IF ev.status <> 'sending' OR ev.lease_until IS DISTINCT FROM
-                                 coalesce(claimed_lease, ev.lease_until) THEN
-        RETURN 'stale';
-    END IF;
-
-    -- the request is over: its in-flight slot is free
-    IF ev.slot IS NOT NULL THEN
-        PERFORM ratebucket.inflight_release(ev.inflight_key, ARRAY[ev.slot]);
-    END IF;
-
-    tries := ev.attempts + CASE WHEN sent THEN 1 ELSE 0 END;
-
-    IF fb.outcome = 'success' THEN
-        UPDATE @extschema@.webhook_events
-        SET status = 'delivered', attempts = tries, last_status = http_status,
-            delivered_at = clock_timestamp(), lease_until = NULL, slot = NULL, parked = false
-        WHERE id = event_id;
-    ELSIF fb.outcome = 'neutral' OR tries >= max_attempts THEN
-        UPDATE @extschema@.webhook_events
-        SET status = 'failed', attempts = tries, last_status = http_status,
-            lease_until = NULL, slot = NULL, parked = false
-        WHERE id = event_id;
-    ELSE
-        delay := greatest(coalesce(fb.cooldown_seconds, 0),
-                          CASE WHEN fb.outcome = 'failure'
-                               THEN @extschema@.retry_backoff(tries) ELSE 0 END);
-        UPDATE @extschema@.webhook_events
-        SET status = 'pending', attempts = tries, last_status = http_status,
-            next_attempt_at = clock_timestamp() + make_interval(secs => delay),
-            lease_until = NULL, slot = NULL,
-            -- a cooldown is its bucket's (unpark brings it back early); a
-            -- backoff is its own
-            parked = fb.outcome <> 'failure'
-        WHERE id = event_id;
-    END IF;
-    RETURN fb.outcome;
+    RETURN (SELECT r.outcome
+            FROM @extschema@.record_deliveries(ARRAY[event_id], ARRAY[http_status],
+                                               ARRAY[claimed_lease], ARRAY[retry_after],
+                                               ARRAY[headers], ARRAY[coalesce(sent, false)],
+                                               ARRAY[sent_at], max_attempts) r);
 END $$;

@@ -223,14 +223,12 @@ BEGIN
 END $$;
 
 -- record_endpoint: what came back for claimed events of one endpoint, in
--- one call, each event decided as record_deliveries decides it (the same
--- arguments, the endpoint first).  It locks the events in id order, then
--- observes each answer on the endpoint's bucket in id order, writes the
--- events in one statement and frees their slots.  An id that is not an
--- event of this endpoint is 'missing'.  Refused, nothing changed, as
--- record_deliveries refuses them: a NULL endpoint, a NULL lease.  One
--- endpoint per call: on Citus, a bare SELECT * FROM record_endpoint(...)
--- runs on the endpoint's node.
+-- one call, recorded as record_deliveries records a batch (the same
+-- arguments, the endpoint first; see "Recording"), each statement naming
+-- the endpoint, so that on Citus it runs on the endpoint's node.  An id
+-- that is not an event of this endpoint is 'missing'.  Refused, nothing
+-- changed, as record_deliveries refuses them, and a NULL endpoint.  A bare
+-- SELECT * FROM record_endpoint(...) runs on the endpoint's node.
 CREATE FUNCTION record_endpoint(
     for_endpoint text,
     event_ids bigint[],
@@ -247,133 +245,55 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    ep     text := record_endpoint.for_endpoint;
-    n      int := coalesce(cardinality(event_ids), 0);
-    found_ bigint[];
-    r      record;
-    fb     record;
-    tries  int;
-    wait   float8;
-    d_ord  bigint[] := '{}';
-    d_id   bigint[] := '{}';
-    d_out  text[] := '{}';
-    d_state text[] := '{}';
-    d_try  int[] := '{}';
-    d_http int[] := '{}';
-    d_wait float8[] := '{}';
-    d_slot bigint[] := '{}';
-    d_cap  text[] := '{}';
-    t      record;
-    at_    timestamptz;
-    d_next timestamptz[];
+    ep  text := record_endpoint.for_endpoint;
+    ev  record;
+    d   record;
+    at_ timestamptz;
 BEGIN
     IF ep IS NULL THEN
         RAISE EXCEPTION 'for_endpoint must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF event_ids IS NULL OR array_position(event_ids, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'event_ids must not be NULL nor hold a NULL'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF coalesce(cardinality(http_statuses), -1) <> n
-       OR coalesce(cardinality(claimed_leases), -1) <> n
-       OR coalesce(cardinality(retry_afters), n) <> n
-       OR coalesce(cardinality(headers), n) <> n
-       OR coalesce(cardinality(sent), n) <> n
-       OR coalesce(cardinality(sent_ats), n) <> n THEN
-        RAISE EXCEPTION 'the arrays of a batch must be as long as event_ids (%)', n
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'http_statuses and claimed_leases are required; the others may be NULL.';
-    END IF;
-    IF (SELECT count(DISTINCT x) FROM unnest(event_ids) x) <> n THEN
-        RAISE EXCEPTION 'event_ids must not repeat an event' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF max_attempts IS NULL OR max_attempts < 1 THEN
-        RAISE EXCEPTION 'max_attempts must be at least 1' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- a NULL lease would match whatever lease the event holds: an outcome
-    -- recorded late, after the event was requeued and claimed again, would
-    -- be taken for the new claim's and free its slot
-    IF array_position(claimed_leases, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'claimed_leases must not hold a NULL'
-            USING ERRCODE = 'null_value_not_allowed',
-                  DETAIL = format('The lease of event %s is NULL.',
-                                  event_ids[array_position(claimed_leases, NULL)]),
-                  HINT = 'Pass each event''s lease_until as the claim returned it.';
-    END IF;
-
+    PERFORM @extschema@.record_check(event_ids, http_statuses, claimed_leases, retry_afters,
+                                     headers, sent, sent_ats, max_attempts);
     -- the events, in id order, as claims and other batches lock them
-    SELECT array_agg(w.id) INTO found_
-    FROM (SELECT e.id FROM @extschema@.webhook_events e
-          WHERE e.endpoint = ep AND e.id = ANY (event_ids)
-          ORDER BY e.id FOR UPDATE) w;
+    PERFORM FROM @extschema@.webhook_events w
+    WHERE w.endpoint = ep AND w.id = ANY (event_ids) ORDER BY w.id FOR UPDATE;
+    SELECT array_agg(e.endpoint ORDER BY u.o) AS endpoints, array_agg(e.status ORDER BY u.o) AS statuses,
+           array_agg(e.lease_until ORDER BY u.o) AS leases, array_agg(e.attempts ORDER BY u.o) AS attempts,
+           array_agg(e.slot ORDER BY u.o) AS slots, array_agg(e.inflight_key ORDER BY u.o) AS caps
+    INTO ev
+    FROM unnest(event_ids) WITH ORDINALITY AS u(id, o)
+    LEFT JOIN (SELECT w.* FROM @extschema@.webhook_events w
+               WHERE w.endpoint = ep AND w.id = ANY (event_ids)) e ON e.id = u.id;
 
-    FOR r IN
-        SELECT u.o, u.id, u.status, u.lease, u.ra, u.hd, coalesce(u.snt, true) AS snt, u.sa,
-               u.id = ANY (coalesce(found_, '{}')) AS here
-        FROM unnest(event_ids, http_statuses, claimed_leases,
-                    coalesce(retry_afters, array_fill(NULL::text, ARRAY[n])),
-                    coalesce(headers, array_fill(NULL::jsonb, ARRAY[n])),
-                    coalesce(sent, array_fill(NULL::boolean, ARRAY[n])),
-                    coalesce(sent_ats, array_fill(NULL::timestamptz, ARRAY[n])))
-             WITH ORDINALITY AS u(id, status, lease, ra, hd, snt, sa, o)
-        ORDER BY u.id
-    LOOP
-        d_ord := d_ord || r.o;
-        d_id := d_id || r.id;
-        IF NOT r.here THEN
-            d_out := d_out || 'missing'::text;
-            d_state := d_state || NULL::text;
-            d_slot := d_slot || NULL::bigint;
-            d_cap := d_cap || NULL::text;
-        ELSE
-            SELECT * INTO fb FROM ratebucket.bucket_observe(ep, r.status, r.ra, r.hd, r.sa);
-            SELECT e.status AS was, e.lease_until, e.attempts, e.slot, e.inflight_key INTO STRICT t
-            FROM @extschema@.webhook_events e WHERE e.endpoint = ep AND e.id = r.id;
-            IF t.was <> 'sending' OR t.lease_until IS DISTINCT FROM coalesce(r.lease, t.lease_until) THEN
-                d_out := d_out || 'stale'::text;
-                d_state := d_state || NULL::text;
-            ELSE
-                tries := t.attempts + CASE WHEN r.snt THEN 1 ELSE 0 END;
-                wait := greatest(coalesce(fb.cooldown_seconds, 0),
-                                 CASE WHEN fb.outcome = 'failure'
-                                      THEN @extschema@.retry_backoff(tries) ELSE 0 END);
-                d_out := d_out || fb.outcome::text;
-                d_state := d_state || CASE WHEN fb.outcome = 'success' THEN 'delivered'
-                                           WHEN fb.outcome = 'neutral' OR tries >= max_attempts
-                                           THEN 'failed'
-                                           ELSE 'pending' END;
-            END IF;
-            d_slot := d_slot || t.slot;
-            d_cap := d_cap || t.inflight_key;
-        END IF;
-        d_try := d_try || tries;
-        d_http := d_http || r.status;
-        d_wait := d_wait || wait;
-        tries := NULL;
-        wait := NULL;
-    END LOOP;
+    SELECT array_agg(x.id ORDER BY x.o) AS id, array_agg(x.outcome ORDER BY x.o) AS outcome,
+           array_agg(x.state ORDER BY x.o) AS state, array_agg(x.tries ORDER BY x.o) AS tries,
+           array_agg(x.http ORDER BY x.o) AS http, array_agg(x.wait ORDER BY x.o) AS wait,
+           array_agg(x.slot ORDER BY x.o) AS slot, array_agg(x.cap ORDER BY x.o) AS cap
+    INTO d
+    FROM @extschema@.record_decide(event_ids, http_statuses, claimed_leases, retry_afters,
+                                   headers, sent, sent_ats, max_attempts, ev.endpoints,
+                                   ev.statuses, ev.leases, ev.attempts, ev.slots, ev.caps) x;
 
     PERFORM ratebucket.inflight_release(x.cap, array_agg(x.slot))
-    FROM unnest(d_state, d_slot, d_cap) AS x(state, slot, cap)
+    FROM unnest(d.state, d.slot, d.cap) AS x(state, slot, cap)
     WHERE x.state IS NOT NULL AND x.slot IS NOT NULL
     GROUP BY x.cap;
 
     -- the clock once, and the times computed here: Citus runs no clock
     -- nor time arithmetic inside a CASE of a distributed UPDATE
     at_ := clock_timestamp();
-    d_next := ARRAY(SELECT at_ + make_interval(secs => coalesce(w.s, 0))
-                    FROM unnest(d_wait) WITH ORDINALITY AS w(s, o) ORDER BY w.o);
     UPDATE @extschema@.webhook_events e
-    SET status = d.state, attempts = d.tries, last_status = d.http,
-        delivered_at = CASE WHEN d.state = 'delivered' THEN at_ ELSE e.delivered_at END,
-        next_attempt_at = CASE WHEN d.state = 'pending' THEN d.next ELSE e.next_attempt_at END,
+    SET status = x.state, attempts = x.tries, last_status = x.http,
+        delivered_at = CASE WHEN x.state = 'delivered' THEN at_ ELSE e.delivered_at END,
+        next_attempt_at = CASE WHEN x.state = 'pending' THEN x.next ELSE e.next_attempt_at END,
         lease_until = NULL, slot = NULL,
-        parked = d.state = 'pending' AND d.outcome <> 'failure'
-    FROM unnest(d_id, d_state, d_try, d_http, d_next, d_out) AS d(id, state, tries, http, next, outcome)
-    WHERE e.endpoint = ep AND e.id = d.id AND d.state IS NOT NULL;
+        parked = x.state = 'pending' AND x.outcome <> 'failure'
+    FROM unnest(d.id, d.state, d.tries, d.http,
+                ARRAY(SELECT at_ + make_interval(secs => coalesce(w.s, 0))
+                      FROM unnest(d.wait) WITH ORDINALITY AS w(s, o) ORDER BY w.o),
+                d.outcome) AS x(id, state, tries, http, next, outcome)
+    WHERE e.endpoint = ep AND e.id = x.id AND x.state IS NOT NULL;
 
-    RETURN QUERY
-    SELECT d.id, d.outcome
-    FROM unnest(d_ord, d_id, d_out) AS d(o, id, outcome)
-    ORDER BY d.o;
+    RETURN QUERY SELECT x.id, x.outcome FROM unnest(d.id, d.outcome) AS x(id, outcome);
 END $$;
