@@ -175,6 +175,28 @@ FULL JOIN pg_temp.ext_objects('ratebucket_queue') AS n
 WHERE o.value IS DISTINCT FROM n.value
 ORDER BY 1, 2;
 
+--
+-- 8. The update to 1.5, or a fresh install, with ratebucket older than
+-- 1.10: refused, nothing changed.
+--
+DROP EXTENSION ratebucket_queue;
+DROP EXTENSION ratebucket;
+CREATE EXTENSION ratebucket VERSION '1.9';
+CREATE EXTENSION ratebucket_queue VERSION '1.4' SCHEMA qu;
+\set VERBOSITY default
+ALTER EXTENSION ratebucket_queue UPDATE TO '1.5';
+\set VERBOSITY terse
+SELECT extversion, to_regprocedure('qu.record_check(bigint[],int[],timestamptz[],text[],jsonb[],boolean[],timestamptz[],int)') IS NULL AS unchanged
+FROM pg_extension WHERE extname = 'ratebucket_queue';
+DROP EXTENSION ratebucket_queue;
+\set VERBOSITY default
+CREATE EXTENSION ratebucket_queue SCHEMA qu;
+\set VERBOSITY terse
+CREATE EXTENSION ratebucket_queue VERSION '1.4' SCHEMA qu;
+ALTER EXTENSION ratebucket UPDATE;
+ALTER EXTENSION ratebucket_queue UPDATE TO '1.5';
+SELECT extversion FROM pg_extension WHERE extname = 'ratebucket_queue';
+
 -- Clean-up.
 REVOKE ALL ON SCHEMA qu, ratebucket FROM regress_rbq_upgrade_worker;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ratebucket FROM regress_rbq_upgrade_worker;

@@ -12,6 +12,18 @@
 
 \echo Use "ALTER EXTENSION ratebucket_queue UPDATE TO '1.5'" to load this file. \quit
 
+-- ratebucket 1.10 or later: the recording observes a batch with
+-- ratebucket.bucket_observe_batch.
+DO $$
+BEGIN
+    IF (SELECT string_to_array(extversion, '.')::int[] < ARRAY[1, 10]
+        FROM pg_catalog.pg_extension WHERE extname = 'ratebucket') THEN
+        RAISE EXCEPTION 'ratebucket_queue 1.5 needs ratebucket 1.10 or later'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Run ALTER EXTENSION ratebucket UPDATE first.';
+    END IF;
+END $$;
+
 -- record_check: the arguments of a batch, refused before anything is
 -- locked (22004, 22023): a NULL or repeated event id, arrays of other
 -- lengths, max_attempts below 1, a NULL lease (it would match whatever

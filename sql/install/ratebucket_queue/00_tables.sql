@@ -47,6 +47,18 @@
 
 \echo Use "CREATE EXTENSION ratebucket_queue" to load this file. \quit
 
+-- ratebucket 1.10 or later: the recording observes a batch with
+-- ratebucket.bucket_observe_batch.
+DO $$
+BEGIN
+    IF (SELECT string_to_array(extversion, '.')::int[] < ARRAY[1, 10]
+        FROM pg_catalog.pg_extension WHERE extname = 'ratebucket') THEN
+        RAISE EXCEPTION 'ratebucket_queue needs ratebucket 1.10 or later'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Run ALTER EXTENSION ratebucket UPDATE first.';
+    END IF;
+END $$;
+
 CREATE TABLE webhook_events (
     id              bigserial PRIMARY KEY,
     endpoint        text NOT NULL
