@@ -38,8 +38,9 @@ WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'v')
 UNION ALL
 SELECT p.proname FROM pg_proc p
 WHERE p.pronamespace = 'outbox'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL
-  AND p.proname NOT IN ('claim_bucket_info', 'claim_cap_free', 'explain_keys', 'recheck_parked',
-                        'repace_parked', 'retry_backoff', 'webhook_events_notify')
+  AND p.proname NOT IN ('claim_bucket_info', 'claim_cap_free', 'explain_keys', 'next_look',
+                        'recheck_parked', 'repace_parked', 'retry_backoff',
+                        'webhook_events_notify')
 ORDER BY 1;
 -- What pg_dump dumps with the extension: the queue, its id sequence, the
 -- parking cursors.

@@ -39,6 +39,11 @@
 #                            its order; a claim passes over an endpoint
 #                            another open claim is parking, without waiting;
 #                            requeue_expired forgets old parking rows.
+#   Resting cursors          once a look finds nothing of a parked endpoint
+#                            due, the walk does not probe it (a claim over
+#                            200 of them reads the queue's indexes a few
+#                            times, not 200); an event enqueued for one is
+#                            met within a second, parked after its others.
 #   doc/claim.md             its table of the claim statement's parts is complete.
 #   Set aside                events the claim leaves alone (no configuration)
 #                            stay untouched while claims find something; when
@@ -65,6 +70,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(sleep);
 
 use lib 'test/perl';
 use RatebucketTest;
@@ -354,6 +360,43 @@ FROM (SELECT next_attempt_at,
 	  WINDOW w AS (ORDER BY id)) x}),
 	'true/true/10.000/true',
 	'parked 1,000 at a time, every one of them: each at its own time, 10 s apart, in their order');
+
+# Resting cursors.  200 throttled endpoints, every event of theirs parked
+# ahead: once a claim's look (repace_parked, every second) has found nothing
+# of theirs due, a claim's walk does not probe them (one index scan of the
+# queue per endpoint before); an event enqueued for one of them meanwhile is
+# met within a second, and parked after the endpoint's other events.
+clean();
+sql(q{
+SELECT ratebucket.bucket_configure('rest' || i, 0.01, 1) FROM generate_series(1, 200) i;
+SELECT ratebucket.bucket_take('rest' || i, 1.0::float8) FROM generate_series(1, 200) i;
+INSERT INTO webhook_events (endpoint, next_attempt_at)
+SELECT 'rest' || i, now() - interval '1 hour' + (r * 200 + i) * interval '1 ms'
+FROM generate_series(1, 3) r, generate_series(1, 200) i;
+SELECT count(*) FROM claim_events(200, 1);
+});
+is(sql(q{SELECT count(*) FROM webhook_events WHERE status = 'pending' AND next_attempt_at <= now()}),
+	'0', 'the first claim parked the 600 events of the 200 throttled endpoints');
+sleep(1.1);    # their cursors come due for a look
+sql(q{SELECT count(*) FROM claim_events(200, 1)});
+my $resting = sql(q{SELECT count(*) FROM webhook_parking WHERE look_from > now()});
+ok($resting >= 190, "the next claim looked at their cursors: $resting of 200 rest");
+my $scans = sql(q{
+BEGIN;
+SELECT count(*) FROM claim_events(10, 1);
+SELECT idx_scan FROM pg_stat_xact_user_tables WHERE relid = 'webhook_events'::regclass;
+ROLLBACK;});
+$scans = (split /\n/, $scans)[-1];
+ok($scans < 20, "a claim then reads the queue's indexes $scans times, not once per endpoint");
+sql(q{INSERT INTO webhook_events (endpoint) VALUES ('rest1')});
+sleep(1.1);
+sql(q{SELECT count(*) FROM claim_events(10, 1)});
+is(sql(q{
+SELECT bool_and(n.next_attempt_at > o.next_attempt_at) || '/' || count(*)
+FROM webhook_events n, webhook_events o
+WHERE n.endpoint = 'rest1' AND o.endpoint = 'rest1' AND n.id > o.id
+  AND n.id = (SELECT max(id) FROM webhook_events)}),
+	'true/3', 'an event enqueued for a resting endpoint is met within a second, parked after its others');
 
 # An event of an endpoint without a configuration behind a throttled one: once
 # the throttled endpoint's events are parked, the claim that finds nothing

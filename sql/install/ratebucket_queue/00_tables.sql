@@ -109,9 +109,13 @@ CREATE TABLE webhook_parking (
     rate         float8,                -- the pace they were parked at (NULL: none)
     parked       bigint NOT NULL,       -- how many the last chunk held
     limits       text[] NOT NULL DEFAULT '{}',  -- the limits of the last chunk's events
-    recheck_at   timestamptz            -- events parked more than 2 s ahead: when
+    recheck_at   timestamptz,           -- events parked more than 2 s ahead: when
                                         -- a claim next asks whether their buckets
                                         -- could send them sooner (unpark)
+    look_from    timestamptz            -- when the claims next look for the
+                                        -- endpoint's due events here (NULL: at
+                                        -- every claim): none was due, and none
+                                        -- comes due before (next_look)
 );
 -- The cursors to look at again, soonest first.
 CREATE INDEX webhook_parking_recheck

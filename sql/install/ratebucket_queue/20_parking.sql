@@ -1,3 +1,23 @@
+-- next_look: when the claims' walk next needs to look for due events of
+-- an endpoint with a parking cursor (webhook_parking.look_from): NULL (at
+-- every claim) while one is due; otherwise when its best pending event (in
+-- queue order) comes due, and a second from now at the latest.  An event
+-- that comes due sooner (one of lower priority, or one enqueued, retried,
+-- given back by requeue_expired, deferred by a claim that lost its token,
+-- or moved by hand meanwhile) is met within that second.
+CREATE FUNCTION next_look(ep text) RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN b.at IS NULL OR b.at > now()
+                THEN least(b.at, now() + interval '1 s') END
+    FROM (SELECT (SELECT e.next_attempt_at
+                  FROM @extschema@.webhook_events e
+                  WHERE e.endpoint = ep AND e.status = 'pending'
+                  ORDER BY e.priority DESC, e.next_attempt_at
+                  LIMIT 1) AS at) b
+$$;
+
 -- repace_parked: bring an endpoint's events parked ahead (parked, pending,
 -- not due yet) back to when its buckets can send them now, in their order:
 -- the k-th (from 0) when its buckets will have k + 1 tokens, at the longest
@@ -51,7 +71,8 @@ BEGIN
             -- are parked more than 2 s ahead
             UPDATE @extschema@.webhook_parking p
             SET recheck_at = CASE WHEN first_at IS NOT NULL AND p.parked_until > now() + interval '2 s'
-                                  THEN now() + interval '1 s' END
+                                  THEN now() + interval '1 s' END,
+                look_from = @extschema@.next_look(ep)
             WHERE p.endpoint = ep;
             RETURN 0;
         END IF;
@@ -95,11 +116,14 @@ BEGIN
                      WHEN r.last_at > now() + interval '2 s' THEN now() + interval '1 s' END)
         ON CONFLICT (endpoint) DO UPDATE
         SET parked_from = excluded.parked_from, parked_until = excluded.parked_until,
-            rate = excluded.rate, parked = excluded.parked, recheck_at = excluded.recheck_at;
+            rate = excluded.rate, parked = excluded.parked, recheck_at = excluded.recheck_at,
+            look_from = NULL;   -- they come due sooner: looked for at once
     ELSE
         UPDATE @extschema@.webhook_parking p
         SET recheck_at = CASE WHEN p.parked_until > now() + interval '2 s'
-                              THEN now() + interval '1 s' END
+                              THEN now() + interval '1 s' END,
+            -- unpark: the walk looks at once
+            look_from = CASE WHEN only_if_sooner THEN @extschema@.next_look(ep) END
         WHERE p.endpoint = ep;
     END IF;
     RETURN r.moved;

@@ -218,6 +218,8 @@ BEGIN
                               ORDER BY e.priority DESC, e.next_attempt_at
                               LIMIT 1) y
                           WHERE p.endpoint NOT IN (SELECT hd2.endpoint FROM head hd2)
+                            -- nothing of it was due at its last look (repace_parked)
+                            AND (p.look_from IS NULL OR p.look_from <= now())
                           ORDER BY y.priority DESC, y.next_attempt_at
                           LIMIT walk_endpoints) x) b
               WHERE b.n IS NOT NULL) h
@@ -388,7 +390,8 @@ BEGIN
                           now() + interval '366 days')
                 ELSE excluded.parked_until END,
             rate = excluded.rate, parked = excluded.parked, limits = excluded.limits,
-            recheck_at = coalesce(c.recheck_at, excluded.recheck_at)
+            recheck_at = coalesce(c.recheck_at, excluded.recheck_at),
+            look_from = NULL    -- the walk looks at once
         RETURNING c.endpoint, c.parked_from, c.rate
     ), parked AS (
         UPDATE @extschema@.webhook_events e
