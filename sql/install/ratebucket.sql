@@ -888,6 +888,12 @@ COMMENT ON FUNCTION ratebucket.bucket_expire(interval) IS
 -- holds the endpoint.  Idempotent: what is already distributed is left as
 -- it is.  See doc/citus.md.
 --
+-- Long: 69 of its lines are the text of the bucket_status view in its
+-- Citus form, one statement that it runs here and sends to every worker.
+-- The rest are its three steps, each a short loop or check: the tables,
+-- the view, and the functions, which are co-located with the buckets and
+-- so come after them.
+--
 CREATE FUNCTION ratebucket.distribute(shard_count int DEFAULT NULL)
 RETURNS TABLE (object text, action text)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE

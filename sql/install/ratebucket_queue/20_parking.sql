@@ -30,6 +30,11 @@ $$;
 -- then ends where they do.  The caller holds the endpoint's parking lock
 -- (the advisory lock claim_events takes to park it).  Returns how many
 -- moved.
+--
+-- Long: one reading of the endpoint's buckets (the wait, the rate and the
+-- tokens read at its start) paces its test, its move and its cursor alike,
+-- all under the caller's parking lock; the move is one statement that
+-- locks, paces and updates the events, so that only events it locked move.
 CREATE FUNCTION repace_parked(ep text, max_events int, only_if_sooner boolean)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE

@@ -119,6 +119,14 @@
 -- Tokens and slots are spent only on events returned here: locked rows
 -- skipped by another worker were never counted, and a rollback gives the
 -- tokens and the slots back.
+--
+-- Long: steps 1 to 9 are one statement, so that they read one snapshot,
+-- take their locks in order and run on one plan: tokens are asked for (7)
+-- only for the events the same statement locked (4), once its parking (6)
+-- is done, and each step reads the rows of the steps before it as the
+-- statement made them.
+-- That statement is most of its length; the checks of its arguments, the
+-- recheck (0) before it and the set-aside (10) after it are short.
 CREATE FUNCTION claim_events(
     batch int DEFAULT 80,
     per_endpoint int DEFAULT 10,

@@ -56,6 +56,13 @@ END $$;
 -- Tokens and slots are spent only on events returned here; a rollback
 -- gives them back.  One endpoint per call: on Citus, a bare
 -- SELECT * FROM claim_endpoint(...) runs on the endpoint's node.
+--
+-- Long: the whole claim of an endpoint is one call, which Citus runs on the
+-- endpoint's node (distribute_queue delegates it on its first argument),
+-- and its steps hand their results on in variables: the head's limits and
+-- cap choose the events of steps 3 to 6, and the events locked in 5 are
+-- those its take counts and 6 leases.  On Citus each step must be a
+-- statement or two of its own (see 1.), so the steps cannot be one query.
 CREATE FUNCTION claim_endpoint(
     for_endpoint text,
     max_events int DEFAULT 10,
