@@ -3,7 +3,7 @@
  * PostgreSQL queue, rate-limited per destination by ratebucket.
  *
  * A C program to read and copy.  It runs the README's worker recipe against
- * the queue of ratebucket_queue (webhook_events, claim_events, record_delivery,
+ * the queue of ratebucket_queue (webhook_events, claim_events, record_deliveries,
  * next_due, requeue_expired, events_left).  Several workers run at once,
  * each a thread with its own PostgreSQL connection (libpq) and its own HTTP
  * client (a libcurl multi handle), each running this loop:
@@ -20,16 +20,18 @@
  *               and would hold back vacuum.  The lease stands in for the
  *               lock: if this worker dies, requeue_expired() puts the events
  *               back when the lease runs out.
- *   3. record   BEGIN; lock the batch's events; SELECT record_delivery(…)
- *               for each event; COMMIT.  One transaction per batch, so one
- *               commit flush instead of one per event.  record_delivery
- *               passes the destination's answer to bucket_observe (a 429
- *               means a cooldown and a lower rate; failures feed the
- *               circuit breaker) and decides what happens to the event.
- *               Every transaction takes its locks in one order: event rows
- *               first, then buckets in endpoint order, the order the claim
- *               takes them in.  Otherwise workers deadlock, each stalling
- *               for deadlock_timeout (see record_batch).
+ *   3. record   SELECT … FROM record_deliveries(ids, statuses, leases, …)
+ *               The whole batch in one call, its answers as arrays, one
+ *               statement in autocommit: one transaction and one commit
+ *               flush per batch.  record_deliveries passes the
+ *               destinations' answers to bucket_observe_batch (a 429 means
+ *               a cooldown and a lower rate; failures feed the circuit
+ *               breaker), decides what happens to each event, and returns
+ *               each event's outcome.  It takes its locks in the claim's
+ *               order by itself: the batch's event rows in id order, then
+ *               their buckets in endpoint order.  Every transaction must
+ *               take them in that order, or workers deadlock, each
+ *               stalling for deadlock_timeout (see record_batch).
  *   4. sleep    When a claim finds nothing, next_due() says how long until
  *               something could be claimable (an event falls due, a bucket
  *               refills).  The worker sleeps that long, at most 1 s, or
@@ -133,19 +135,44 @@
 #define PROGRESS_EVERY_S 5.0    /* progress lines, unless --quiet */
 #define MAX_BATCH 10000         /* --batch */
 #define MAX_HEADER_VALUE 4096   /* longer captured header values are cut */
-#define MAX_OUTCOMES 16         /* distinct record_delivery outcomes counted */
+#define MAX_OUTCOMES 16         /* distinct outcomes counted ('success', ...) */
 #define CHANNEL "webhook_events"    /* ratebucket_queue's trigger NOTIFYs this */
 #define USER_AGENT "ratebucket-dispatcher/1.0"
 
 /*
  * The statements, prepared once per connection.  The claim's ORDER BY puts
  * a batch in the order its bucket locks were taken (the endpoints' bytes,
- * COLLATE "C", as claim_events and bucket_take_all lock them), and
- * record_batch() records in that order.
+ * COLLATE "C", as claim_events and bucket_take_all lock them): its requests
+ * start in that order.  record_deliveries takes its locks in that order
+ * whatever the order of its arrays.
+ *
+ * "record" passes the batch's answers as arrays, one element per event in
+ * the claim's order ($1 ids, $2 HTTP statuses, $3 claimed leases, $4
+ * Retry-After values, $5 headers, $6 sent flags), and $7, for each request,
+ * how long before its lease's end it left, from which the statement makes
+ * its sent_ats: each lease minus that (see answer_arrays).  The result has
+ * a row per event, its id and its outcome, in the order given.
  */
 enum { COL_ID, COL_ENDPOINT, COL_ATTEMPTS, COL_PAYLOAD, COL_LEASE, N_CLAIM_COLUMNS };
 
 enum { MODE_ANY, MODE_BATCH, MODE_BY_ENDPOINT };
+
+/*
+ * A recorded batch's arrays, in the order of the arguments of
+ * record_deliveries (and of record_endpoint, after its endpoint): one
+ * element per event of the batch, in the claim's order.
+ */
+enum
+{
+    A_ID,                       /* event ids */
+    A_STATUS,                   /* HTTP statuses, NULL: no response */
+    A_LEASE,                    /* the leases claimed (lease_until) */
+    A_RETRY_AFTER,              /* Retry-After values, or NULL */
+    A_HEADERS,                  /* the rate-limit header fields (jsonb), or NULL */
+    A_SENT,                     /* false: the request never left */
+    A_SENT_AT,                  /* when it left: see answer_arrays */
+    N_ANSWER_ARRAYS
+};
 
 static const struct
 {
@@ -158,13 +185,12 @@ static const struct
      "SELECT id, endpoint, attempts, payload, lease_until"
      " FROM claim_events($1::int, $2::int, $3::interval)"
      " ORDER BY endpoint COLLATE \"C\", id", 3, MODE_BATCH},
-    {"lock_events",
-     "SELECT id FROM webhook_events WHERE id = ANY ($1::bigint[])"
-     " ORDER BY id FOR UPDATE", 1, MODE_BATCH},
     {"record",
-     "SELECT record_delivery($1::bigint, $2::int, $3::text, $4::jsonb,"
-     " $5::boolean, claimed_lease => $6::timestamptz,"
-     " sent_at => $6::timestamptz - make_interval(secs => $7::float8))", 7, MODE_BATCH},
+     "SELECT event_id, outcome FROM record_deliveries($1::bigint[], $2::int[],"
+     " $3::timestamptz[], $4::text[], $5::jsonb[], $6::boolean[],"
+     " ARRAY(SELECT l - make_interval(secs => s)"
+     " FROM unnest($3::timestamptz[], $7::float8[]) WITH ORDINALITY AS a(l, s, o)"
+     " ORDER BY o))", 7, MODE_BATCH},
     {"next_due", "SELECT next_due()", 0, MODE_BATCH},
     {"events_left", "SELECT events_left(clock_timestamp() + make_interval(secs => $1::float8))", 1,
      MODE_ANY},
@@ -181,7 +207,7 @@ static const struct
 };
 
 /*
- * The response header fields passed on to record_delivery, matched without
+ * The response header fields passed on to record_deliveries, matched without
  * regard to case.  Retry-After goes in its own argument.  The others go in
  * the headers object, under the names as the destination spelled them.
  */
@@ -233,7 +259,7 @@ typedef struct Request
     char error[CURL_ERROR_SIZE];
 } Request;
 
-/* How many times record_delivery returned one value ('success', ...). */
+/* How many events were recorded with one outcome ('success', ...). */
 typedef struct OutcomeCount
 {
     char name[32];
@@ -246,7 +272,7 @@ typedef struct Stats
     long long claims;           /* claim_events calls */
     long long claims_nonempty;  /* ... that returned events */
     long long claimed;          /* events claimed */
-    long long recorded;         /* record_delivery calls committed */
+    long long recorded;         /* events recorded (committed) */
     long long http_2xx, http_429, http_5xx, http_other;
     long long no_response;      /* sent, but no answer */
     long long not_sent;         /* never left */
@@ -269,9 +295,8 @@ typedef struct Worker
     PGresult *batch;            /* the claim's result, kept until recorded */
     double claimed_mono;        /* now_s() as the claim was sent */
     bool notified;              /* a NOTIFY came since the last claim began */
-    Buf ids;                    /* scratch: the batch's ids, '{1,2,...}' */
-    Buf json;                   /* scratch: the headers argument */
-    Buf text;                   /* scratch: the retry_after argument */
+    Buf json;                   /* scratch: an event's headers */
+    Buf text;                   /* scratch: an event's Retry-After */
     double transport_logged_at; /* rate limit of transport error messages */
     long transport_unlogged;
     /* --by-endpoint: the endpoints of the current pass (due_endpoints) */
@@ -279,7 +304,7 @@ typedef struct Worker
     int pass_start;             /* this worker's first endpoint of the pass */
     int pass_next;              /* endpoints of the pass tried so far */
     long long pass_claimed;     /* events claimed in the pass */
-    Buf arrays[7];              /* scratch: record_endpoint's arrays */
+    Buf arrays[N_ANSWER_ARRAYS];    /* scratch: the batch's answers (answer_arrays) */
 } Worker;
 
 /* ------------------------------------------------------ shared state -- */
@@ -1140,7 +1165,7 @@ deliver(Worker *w, int n, Stats *st)
 
 /* ------------------------------------------------------------- record -- */
 
-/* record_delivery's retry_after: the raw Retry-After value, or NULL. */
+/* An event's Retry-After: the raw value received, or NULL. */
 static const char *
 retry_after_arg(Worker *w, const Request *r)
 {
@@ -1153,8 +1178,8 @@ retry_after_arg(Worker *w, const Request *r)
     return w->text.data;
 }
 
-/* record_delivery's headers: {"X-RateLimit-Remaining": "0", ...} of the
- * rate-limit fields received, or NULL when there were none. */
+/* An event's headers, a JSON object: {"X-RateLimit-Remaining": "0", ...}
+ * of the rate-limit fields received, or NULL when there were none. */
 static const char *
 headers_arg(Worker *w, const Request *r)
 {
@@ -1179,147 +1204,13 @@ headers_arg(Worker *w, const Request *r)
     return any ? w->json.data : NULL;
 }
 
-/* The batch's event ids as an array literal: {1,2,3}. */
-static const char *
-batch_ids_arg(Worker *w, int n)
-{
-    buf_reset(&w->ids);
-    buf_putc(&w->ids, '{');
-    for (int i = 0; i < n; i++)
-    {
-        const char *id = PQgetvalue(w->batch, i, COL_ID);
-
-        if (i > 0)
-            buf_putc(&w->ids, ',');
-        buf_append(&w->ids, id, strlen(id));
-    }
-    buf_putc(&w->ids, '}');
-    return w->ids.data;
-}
-
 /*
- * Record the outcomes of a delivered batch in one transaction.  Returns 0
- * once committed (outcomes added to *st), 1 after a serialization failure
- * or a deadlock (rolled back; may be run again), -1 on any other error.
- * Errors are reported.
- *
- * Lock order.  Every transaction takes event rows first, then buckets in
- * endpoint order; otherwise workers deadlock, and PostgreSQL notices only
- * after deadlock_timeout (1 s), stalling both.  A claim holds event-row
- * locks while it waits for bucket locks: its own events, and also events
- * other workers claimed since its snapshot (under READ COMMITTED, FOR
- * UPDATE SKIP LOCKED locks the newest version of a row it saw as pending,
- * and keeps that lock when the row turns out not to qualify).
- * record_delivery locks its event, then the event's bucket.  Called one
- * after the other, they would hold bucket A while waiting for event 2,
- * held by a claim that waits for bucket A.  So the batch's events are all
- * locked first, in id order, and then recorded in the claim's order,
- * which is endpoint order (see statements[]).
+ * An array literal, element by element: array_open, array_elem for each,
+ * array_close.  Every element is NULL or double-quoted, with its double
+ * quotes and backslashes escaped by a backslash, so any text goes in as
+ * it is: a Retry-After value, a timestamp, a JSON object (whose own
+ * backslashes, as in \u00e9, are escaped again here and arrive intact).
  */
-static int
-record_batch(Worker *w, int n, Stats *st)
-{
-    Stats tally = {0};
-    PGresult *res = NULL;
-    char what[96] = "BEGIN";
-    int rc;
-
-    if (!run_command(w, "BEGIN", &res))
-        goto fail;
-    {
-        const char *ids = batch_ids_arg(w, n);
-
-        snprintf(what, sizeof(what), "locking the batch's events");
-        res = run_prepared(w, "lock_events", 1, &ids);
-        if (PQresultStatus(res) != PGRES_TUPLES_OK)
-            goto fail;
-        PQclear(res);
-    }
-    for (int i = 0; i < n; i++)
-    {
-        const Request *r = &w->requests[i];
-        char status[24];
-        char before_lease[32];
-        const char *values[7];
-
-        values[0] = PQgetvalue(w->batch, r->row, COL_ID);
-        values[1] = NULL;
-        if (r->status > 0)
-        {
-            snprintf(status, sizeof(status), "%ld", r->status);
-            values[1] = status;
-        }
-        values[2] = retry_after_arg(w, r);
-        values[3] = headers_arg(w, r);
-        values[4] = r->sent ? "true" : "false";
-        /* the lease this worker claimed it with: a later claim's is not ours */
-        values[5] = PQgetvalue(w->batch, r->row, COL_LEASE);
-        /*
-         * When it was sent, on the database's clock: the lease ends
-         * lease_seconds after the claim's transaction began, and the request
-         * left (sent_mono - claimed_mono) after that.
-         */
-        snprintf(before_lease, sizeof(before_lease), "%.6f",
-                 opt.lease_seconds - (r->sent_mono - w->claimed_mono));
-        values[6] = before_lease;
-
-        snprintf(what, sizeof(what), "record_delivery(event %s)", values[0]);
-        res = run_prepared(w, "record", 7, values);
-        if (PQresultStatus(res) != PGRES_TUPLES_OK)
-            goto fail;
-        if (PQntuples(res) != 1 || PQnfields(res) != 1)
-        {
-            log_error(w->num, "%s: expected one value, got %d rows of %d columns",
-                      what, PQntuples(res), PQnfields(res));
-            PQclear(res);
-            res = NULL;
-            goto fail;
-        }
-        stats_add_outcome(&tally, PQgetisnull(res, 0, 0) ? "(null)" : PQgetvalue(res, 0, 0), 1);
-        tally.recorded++;
-        PQclear(res);
-    }
-    snprintf(what, sizeof(what), "COMMIT");
-    if (!run_command(w, "COMMIT", &res))
-        goto fail;
-    stats_add(st, &tally);
-    return 0;
-
-fail:
-    rc = retryable(res) ? 1 : -1;
-    if (res != NULL)
-        report_pg_error(w, what, res);
-    PQclear(res);
-    if (PQstatus(w->conn) == CONNECTION_OK &&
-        PQtransactionStatus(w->conn) != PQTRANS_IDLE)
-    {
-        res = NULL;
-        if (!run_command(w, "ROLLBACK", &res))
-        {
-            report_pg_error(w, "ROLLBACK", res);
-            PQclear(res);
-            return -1;
-        }
-    }
-    return PQstatus(w->conn) == CONNECTION_OK ? rc : -1;
-}
-
-/* ------------------------------------------------------ by endpoint -- */
-
-/*
- * --by-endpoint: the claim and the record of one endpoint at a time
- * (due_endpoints, claim_endpoint, record_endpoint; doc/claim.md), each a
- * bare statement in autocommit, as a distributed queue needs them (on
- * Citus each runs on the endpoint's node, doc/citus.md).  A pass walks the
- * endpoints due_endpoints listed, from a place of its own for each worker
- * (so that workers spread over them), claiming up to --per-endpoint events
- * of one endpoint per batch; a pass that claimed nothing ends in a sleep
- * of --poll-ms, or until a NOTIFY (which a distributed queue never sends).
- * claim_endpoint gives its endpoint's expired leases back by itself.
- */
-
-/* An array literal, element by element: array_open, array_elem for each
- * (NULL, or the value double-quoted), array_close. */
 static void
 array_open(Buf *b)
 {
@@ -1355,9 +1246,9 @@ array_close(Buf *b)
 }
 
 /*
- * A timestamp of the session (TimeZone UTC, DateStyle ISO: "2026-01-02
- * 03:04:05.678901+00") minus secs, in the same form, into out.  False if it
- * does not parse.
+ * --by-endpoint: a timestamp of the session (TimeZone UTC, DateStyle ISO:
+ * "2026-01-02 03:04:05.678901+00") minus secs, in the same form, into out.
+ * False if it does not parse.
  */
 static bool
 timestamp_minus(const char *ts, double secs, char *out, size_t outsize)
@@ -1395,6 +1286,124 @@ timestamp_minus(const char *ts, double secs, char *out, size_t outsize)
                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
                     tm.tm_min, tm.tm_sec, micros) < (int) outsize;
 }
+
+/*
+ * The batch's answers into w->arrays (A_ID ... A_SENT_AT), each an array
+ * literal with one element per event, in the claim's order.
+ *
+ * When each request left, on the database's clock: its lease ends
+ * lease_seconds after the claim's transaction began, and the request left
+ * (sent_mono - claimed_mono) after that.  By batch, A_SENT_AT holds how
+ * long before its lease's end each request left, in seconds, and the
+ * "record" statement subtracts it from the lease.  --by-endpoint passes
+ * the times themselves (record_endpoint is a bare call, for Citus to route
+ * to the endpoint's node), computed here from the leases, which its
+ * session receives in UTC.
+ */
+static void
+answer_arrays(Worker *w, int n)
+{
+    for (int a = 0; a < N_ANSWER_ARRAYS; a++)
+        array_open(&w->arrays[a]);
+    for (int i = 0; i < n; i++)
+    {
+        const Request *r = &w->requests[i];
+        const char *lease = PQgetvalue(w->batch, r->row, COL_LEASE);
+        double before_end = opt.lease_seconds - (r->sent_mono - w->claimed_mono);
+        char status[24], sent_at[64];
+
+        snprintf(status, sizeof(status), "%ld", r->status);
+        array_elem(&w->arrays[A_ID], PQgetvalue(w->batch, r->row, COL_ID));
+        array_elem(&w->arrays[A_STATUS], r->status > 0 ? status : NULL);
+        /* the lease this worker claimed it with: a later claim's is not ours */
+        array_elem(&w->arrays[A_LEASE], lease);
+        array_elem(&w->arrays[A_RETRY_AFTER], retry_after_arg(w, r));
+        array_elem(&w->arrays[A_HEADERS], headers_arg(w, r));
+        array_elem(&w->arrays[A_SENT], r->sent ? "true" : "false");
+        if (opt.by_endpoint)
+            array_elem(&w->arrays[A_SENT_AT],
+                       timestamp_minus(lease, before_end, sent_at, sizeof(sent_at)) ?
+                       sent_at : NULL);
+        else
+        {
+            snprintf(sent_at, sizeof(sent_at), "%.6f", before_end);
+            array_elem(&w->arrays[A_SENT_AT], sent_at);
+        }
+    }
+    for (int a = 0; a < N_ANSWER_ARRAYS; a++)
+        array_close(&w->arrays[a]);
+}
+
+/*
+ * Check the result of a batch's record (record_deliveries or
+ * record_endpoint: a row per event, its id and its outcome), count its
+ * outcomes into *st, and clear it.  Returns 0 if the batch was recorded, 1
+ * after a serialization failure or a deadlock (nothing changed; it may be
+ * run again), -1 on any other error.  Errors are reported.
+ */
+static int
+record_result(Worker *w, const char *what, PGresult *res, int n, Stats *st)
+{
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != n || PQnfields(res) != 2)
+    {
+        int rc = retryable(res) ? 1 : -1;
+
+        if (PQresultStatus(res) == PGRES_TUPLES_OK)
+            log_error(w->num, "%s returned %d rows of %d columns, expected %d of 2",
+                      what, PQntuples(res), PQnfields(res), n);
+        else
+            report_pg_error(w, what, res);
+        PQclear(res);
+        return PQstatus(w->conn) == CONNECTION_OK ? rc : -1;
+    }
+    for (int i = 0; i < n; i++)
+        stats_add_outcome(st, PQgetisnull(res, i, 1) ? "(null)" : PQgetvalue(res, i, 1), 1);
+    st->recorded += n;
+    PQclear(res);
+    return 0;
+}
+
+/*
+ * Record a delivered batch with one record_deliveries call: one statement
+ * in autocommit, so one transaction.  Returns as record_result.
+ *
+ * Lock order.  Every transaction takes event rows first, then buckets in
+ * endpoint order; otherwise workers deadlock, and PostgreSQL notices only
+ * after deadlock_timeout (1 s), stalling both.  A claim holds event-row
+ * locks while it waits for bucket locks: its own events, and also events
+ * other workers claimed since its snapshot (under READ COMMITTED, FOR
+ * UPDATE SKIP LOCKED locks the newest version of a row it saw as pending,
+ * and keeps that lock when the row turns out not to qualify).  A record
+ * that held bucket A while it waited for such an event would deadlock with
+ * a claim waiting for bucket A.  record_deliveries takes its locks in the
+ * claim's order by itself: all the batch's events first, in id order, then
+ * their buckets, each once, in endpoint order.
+ */
+static int
+record_batch(Worker *w, int n, Stats *st)
+{
+    const char *values[N_ANSWER_ARRAYS];
+
+    answer_arrays(w, n);
+    for (int a = 0; a < N_ANSWER_ARRAYS; a++)
+        values[a] = w->arrays[a].data;
+    return record_result(w, "record_deliveries", run_prepared(w, "record", N_ANSWER_ARRAYS, values),
+                         n, st);
+}
+
+/* ------------------------------------------------------ by endpoint -- */
+
+/*
+ * --by-endpoint: the claim and the record of one endpoint at a time
+ * (due_endpoints, claim_endpoint, record_endpoint; doc/claim.md), each a
+ * bare statement in autocommit, as a distributed queue needs them (on
+ * Citus each runs on the endpoint's node, doc/citus.md).  A pass walks the
+ * endpoints due_endpoints listed, from a place of its own for each worker
+ * (so that workers spread over them), claiming up to --per-endpoint events
+ * of one endpoint per batch; a pass that claimed nothing ends in a sleep
+ * of --poll-ms, or until a NOTIFY (which a distributed queue never sends).
+ * claim_endpoint gives its endpoint's expired leases back by itself.
+ */
 
 /* Claim the next endpoint's events into w->batch: their number, 0 when a
  * whole pass found none (sleep), -1 on error. */
@@ -1483,59 +1492,19 @@ claim_by_endpoint(Worker *w, Stats *st)
     return 0;
 }
 
-/* Record a batch of one endpoint with one record_endpoint.  0 once
- * committed, 1 after a serialization failure or a deadlock, -1 otherwise. */
+/* Record a batch of one endpoint with one record_endpoint, a bare call in
+ * autocommit.  Returns as record_result. */
 static int
 record_endpoint_once(Worker *w, int n, Stats *st)
 {
-    Stats tally = {0};
-    const char *values[8];
-    PGresult *res;
+    const char *values[1 + N_ANSWER_ARRAYS];
 
-    for (int a = 0; a < 7; a++)
-        array_open(&w->arrays[a]);
-    for (int i = 0; i < n; i++)
-    {
-        const Request *r = &w->requests[i];
-        const char *lease = PQgetvalue(w->batch, r->row, COL_LEASE);
-        char status[24], sent_at[64];
-
-        snprintf(status, sizeof(status), "%ld", r->status);
-        array_elem(&w->arrays[0], PQgetvalue(w->batch, r->row, COL_ID));
-        array_elem(&w->arrays[1], r->status > 0 ? status : NULL);
-        array_elem(&w->arrays[2], lease);
-        array_elem(&w->arrays[3], retry_after_arg(w, r));
-        array_elem(&w->arrays[4], headers_arg(w, r));
-        array_elem(&w->arrays[5], r->sent ? "true" : "false");
-        /* sent at: lease_seconds before the lease ends, plus the wait before it left */
-        array_elem(&w->arrays[6],
-                   timestamp_minus(lease, opt.lease_seconds - (r->sent_mono - w->claimed_mono),
-                                   sent_at, sizeof(sent_at)) ? sent_at : NULL);
-    }
+    answer_arrays(w, n);
     values[0] = PQgetvalue(w->batch, 0, COL_ENDPOINT);
-    for (int a = 0; a < 7; a++)
-        values[a + 1] = array_close(&w->arrays[a]);
-    res = run_prepared(w, "record_endpoint", 8, values);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != n || PQnfields(res) != 2)
-    {
-        int rc = retryable(res) ? 1 : -1;
-
-        if (PQresultStatus(res) == PGRES_TUPLES_OK)
-            log_error(w->num, "record_endpoint returned %d rows of %d columns, expected %d of 2",
-                      PQntuples(res), PQnfields(res), n);
-        else
-            report_pg_error(w, "record_endpoint", res);
-        PQclear(res);
-        return PQstatus(w->conn) == CONNECTION_OK ? rc : -1;
-    }
-    for (int i = 0; i < n; i++)
-    {
-        stats_add_outcome(&tally, PQgetvalue(res, i, 1), 1);
-        tally.recorded++;
-    }
-    PQclear(res);
-    stats_add(st, &tally);
-    return 0;
+    for (int a = 0; a < N_ANSWER_ARRAYS; a++)
+        values[1 + a] = w->arrays[a].data;
+    return record_result(w, "record_endpoint",
+                         run_prepared(w, "record_endpoint", 1 + N_ANSWER_ARRAYS, values), n, st);
 }
 
 static int
@@ -1880,12 +1849,11 @@ worker_cleanup(Worker *w)
     w->batch = NULL;
     PQclear(w->endpoints);
     w->endpoints = NULL;
-    for (int a = 0; a < 7; a++)
+    for (int a = 0; a < N_ANSWER_ARRAYS; a++)
         buf_free(&w->arrays[a]);
     if (w->conn != NULL)
         PQfinish(w->conn);
     w->conn = NULL;
-    buf_free(&w->ids);
     buf_free(&w->json);
     buf_free(&w->text);
 }
