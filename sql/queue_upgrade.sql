@@ -184,14 +184,18 @@ DROP EXTENSION ratebucket;
 CREATE EXTENSION ratebucket VERSION '1.9';
 CREATE EXTENSION ratebucket_queue VERSION '1.4' SCHEMA qu;
 \set VERBOSITY default
+\set SHOW_CONTEXT never
 ALTER EXTENSION ratebucket_queue UPDATE TO '1.5';
 \set VERBOSITY terse
+\set SHOW_CONTEXT errors
 SELECT extversion, to_regprocedure('qu.record_check(bigint[],int[],timestamptz[],text[],jsonb[],boolean[],timestamptz[],int)') IS NULL AS unchanged
 FROM pg_extension WHERE extname = 'ratebucket_queue';
 DROP EXTENSION ratebucket_queue;
 \set VERBOSITY default
+\set SHOW_CONTEXT never
 CREATE EXTENSION ratebucket_queue SCHEMA qu;
 \set VERBOSITY terse
+\set SHOW_CONTEXT errors
 CREATE EXTENSION ratebucket_queue VERSION '1.4' SCHEMA qu;
 ALTER EXTENSION ratebucket UPDATE;
 ALTER EXTENSION ratebucket_queue UPDATE TO '1.5';

@@ -291,6 +291,7 @@ ok(sql(q{SELECT count(*) FROM webhook_parking WHERE parked < 30}) == 4,
 # A faster rate since (s1 reconfigured 100 times faster, its events due
 # again): the old position, thousands of seconds ahead, is ignored, and its
 # events are parked from its next token again, one new token apart.
+sleep(1.1);    # a cursor at rest is looked at again within a second
 sql(q{
 SELECT ratebucket.bucket_configure('s1', 1, 1);
 SELECT ratebucket.bucket_take('s1', 1.0::float8);
@@ -329,6 +330,7 @@ is(sql(q{SELECT count(*) FROM claim_events(10, 2, park_max => 2147483647)}), '0'
 	'a rate of 1e-9/s and park_max 2^31-1: nothing claimed');
 is(sql($glacial), '5', 'and its events parked a year ahead at most');
 sql(q{UPDATE webhook_events SET next_attempt_at = now() - interval '1 minute'});
+sleep(1.1);    # met within a second, as above
 sql(q{SELECT count(*) FROM claim_events(10, 2, park_max => 2147483647)});
 is(sql($glacial), '5', 'and again after its parking position, still at most a year ahead');
 
