@@ -104,7 +104,9 @@ SELECT * FROM outbox.record_deliveries(ARRAY[1, 1], ARRAY[200, 200], ARRAY[NULL,
 SELECT * FROM outbox.record_deliveries(ARRAY[1, 2], ARRAY[200], ARRAY[NULL, NULL]::timestamptz[]);
 SELECT * FROM outbox.record_deliveries(ARRAY[1, NULL], ARRAY[200, 200], ARRAY[NULL, NULL]::timestamptz[]);
 SELECT * FROM outbox.record_deliveries(ARRAY[6], ARRAY[200], ARRAY[NULL]::timestamptz[], max_attempts => 0);
+\set VERBOSITY terse
 SELECT outbox.record_delivery(6, 200, max_attempts => 0);
+\set VERBOSITY default
 SELECT * FROM outbox.record_deliveries('{}', '{}', '{}');
 SELECT status, count(*) FROM outbox.webhook_events GROUP BY 1 ORDER BY 1;
 
