@@ -9,11 +9,11 @@
 --     ratebucket.bucket_observe_batch (ratebucket 1.10): one lock and one
 --     row write per endpoint, not per event.  record_delivery now refuses
 --     max_attempts below 1 or NULL (22023), as record_deliveries does.
---   - a parking cursor whose endpoint has nothing due rests: the claims'
---     walk leaves it alone until its best pending event comes due, or a
---     second at most (webhook_parking.look_from, set by repace_parked's
---     look every second, next_look), instead of probing every cursor at
---     every claim.
+--   - the claims' walk looks at a few parking cursors per claim, not at
+--     every one: those whose look has come (webhook_parking.look_from), the
+--     earliest first; each one looked at goes after the others, and one
+--     whose endpoint has nothing due rests until its best pending event
+--     comes due, or a second at most (next_look).
 
 \echo Use "ALTER EXTENSION ratebucket_queue UPDATE TO '1.5'" to load this file. \quit
 
@@ -30,23 +30,23 @@ BEGIN
 END $$;
 
 -- webhook_parking.look_from: when the claims' walk next looks for the due
--- events of a parked endpoint (NULL, as for every cursor kept: at every
--- claim).
-ALTER TABLE webhook_parking ADD COLUMN look_from timestamptz;
+-- events of a parked endpoint (every cursor kept: now).
+ALTER TABLE webhook_parking ADD COLUMN look_from timestamptz NOT NULL DEFAULT now();
+CREATE INDEX webhook_parking_look ON webhook_parking (look_from);
 
 -- next_look: when the claims' walk next needs to look for due events of
--- an endpoint with a parking cursor (webhook_parking.look_from): NULL (at
--- every claim) while one is due; otherwise when its best pending event (in
--- queue order) comes due, and a second from now at the latest.  An event
--- that comes due sooner (one of lower priority, or one enqueued, retried,
--- given back by requeue_expired, deferred by a claim that lost its token,
--- or moved by hand meanwhile) is met within that second.
+-- an endpoint with a parking cursor (webhook_parking.look_from): now while
+-- one is due; otherwise when its best pending event (in queue order) comes
+-- due, and a second from now at the latest.  An event that comes due sooner
+-- (one of lower priority, or one enqueued, retried, given back by
+-- requeue_expired, deferred by a claim that lost its token, or moved by hand
+-- meanwhile) is met within that second.
 CREATE FUNCTION next_look(ep text) RETURNS timestamptz
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN b.at IS NULL OR b.at > now()
-                THEN least(b.at, now() + interval '1 s') END
+                THEN least(b.at, now() + interval '1 s') ELSE now() END
     FROM (SELECT (SELECT e.next_attempt_at
                   FROM @extschema@.webhook_events e
                   WHERE e.endpoint = ep AND e.status = 'pending'
@@ -66,6 +66,11 @@ $$;
 -- then ends where they do.  The caller holds the endpoint's parking lock
 -- (the advisory lock claim_events takes to park it).  Returns how many
 -- moved.
+--
+-- Long: one reading of the endpoint's buckets (the wait, the rate and the
+-- tokens read at its start) paces its test, its move and its cursor alike,
+-- all under the caller's parking lock; the move is one statement that
+-- locks, paces and updates the events, so that only events it locked move.
 CREATE OR REPLACE FUNCTION repace_parked(ep text, max_events int, only_if_sooner boolean)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
@@ -153,13 +158,13 @@ BEGIN
         ON CONFLICT (endpoint) DO UPDATE
         SET parked_from = excluded.parked_from, parked_until = excluded.parked_until,
             rate = excluded.rate, parked = excluded.parked, recheck_at = excluded.recheck_at,
-            look_from = NULL;   -- they come due sooner: looked for at once
+            look_from = now();  -- they come due sooner: looked for at once
     ELSE
         UPDATE @extschema@.webhook_parking p
         SET recheck_at = CASE WHEN p.parked_until > now() + interval '2 s'
                               THEN now() + interval '1 s' END,
             -- unpark: the walk looks at once
-            look_from = CASE WHEN only_if_sooner THEN @extschema@.next_look(ep) END
+            look_from = CASE WHEN only_if_sooner THEN @extschema@.next_look(ep) ELSE now() END
         WHERE p.endpoint = ep;
     END IF;
     RETURN r.moved;
@@ -186,10 +191,15 @@ $$;
 --    busy endpoint appears once: the next endpoints get their turn.
 --    The walk stops after 2 x batch / per_endpoint endpoints (at least 8), or
 --    20 x batch events.  Then it looks at as many endpoints again of those
---    it parked events of (webhook_parking) that have due events, the best
---    first due event first (one probe of webhook_events_endpoint for each
---    row of webhook_parking): parked behind a backlog of older events, they
---    would otherwise wait until the head of the queue reached them.
+--    it parked events of (webhook_parking), the parking cursors whose look
+--    has come (look_from), the earliest first: parked behind a backlog of
+--    older events, they would otherwise wait until the head of the queue
+--    reached them.  Those with due events join the walk, the best first due
+--    event first.  Each cursor looked at is looked at again after every
+--    other one due (its look_from is now), or, if its endpoint had nothing
+--    due, when its best pending event comes due, a second from now at the
+--    latest (next_look).  So every claim probes a few cursors, not all of
+--    them, and the cursors with due events take turns.
 -- 2. sized: what the event's other limits allow too: the whole tokens each
 --    bucket of its "limits" holds (bucket_grantable, which answers for a
 --    bucket every time: endpoints share their account) and the free slots
@@ -287,6 +297,14 @@ $$;
 -- Tokens and slots are spent only on events returned here: locked rows
 -- skipped by another worker were never counted, and a rollback gives the
 -- tokens and the slots back.
+--
+-- Long: steps 1 to 9 are one statement, so that they read one snapshot,
+-- take their locks in order and run on one plan: tokens are asked for (7)
+-- only for the events the same statement locked (4), once its parking (6)
+-- is done, and each step reads the rows of the steps before it as the
+-- statement made them.
+-- That statement is most of its length; the checks of its arguments, the
+-- recheck (0) before it and the set-aside (10) after it are short.
 CREATE OR REPLACE FUNCTION claim_events(
     batch int DEFAULT 80,
     per_endpoint int DEFAULT 10,
@@ -360,36 +378,44 @@ BEGIN
                     LIMIT 20 * batch) q) f
         WHERE f.n IS NOT NULL
         LIMIT walk_endpoints
+    ), looked AS MATERIALIZED (
+        -- the parking cursors whose look has come (look_from), the earliest
+        -- first, as many as the walk looks for, each with its endpoint's best
+        -- due event (none: NULL): parked behind a backlog, the head may not
+        -- reach them
+        SELECT p.endpoint, y.limits, y.inflight_key, y.overdue, y.priority, y.next_attempt_at
+        FROM (SELECT c.endpoint
+              FROM @extschema@.webhook_parking c
+              WHERE c.look_from <= now()
+                AND c.endpoint NOT IN (SELECT hd2.endpoint FROM head hd2)
+              ORDER BY c.look_from
+              LIMIT walk_endpoints) p
+        LEFT JOIN LATERAL (
+            SELECT e.limits, e.inflight_key,
+                   CASE WHEN e.parked
+                        THEN extract(epoch FROM now() - e.next_attempt_at)::float8
+                   END AS overdue,
+                   e.priority, e.next_attempt_at
+            FROM @extschema@.webhook_events e
+            WHERE e.endpoint = p.endpoint
+              AND e.status = 'pending' AND e.next_attempt_at <= now()
+            ORDER BY e.priority DESC, e.next_attempt_at
+            LIMIT 1) y ON true
     ), walk AS MATERIALIZED (
-        -- the head, then endpoints whose parked events are due, oldest
-        -- parking first: parked behind a backlog, the head may not reach them
+        -- the head, then the endpoints of the cursors looked at that have
+        -- due events, the best first due event first
         SELECT h.endpoint, h.limits, h.inflight_key, h.overdue, h.n, h.place,
                row_number() OVER () AS pos
         FROM (SELECT hd.endpoint, hd.limits, hd.inflight_key, hd.overdue, hd.n, hd.place
               FROM head hd
               UNION ALL
               SELECT b.endpoint, b.limits, b.inflight_key, b.overdue, b.n, NULL
-              FROM (SELECT x.endpoint, x.limits, x.inflight_key, x.overdue,
-                           ratebucket.bucket_claimable(x.endpoint, per_endpoint,
+              FROM (SELECT l.endpoint, l.limits, l.inflight_key, l.overdue,
+                           ratebucket.bucket_claimable(l.endpoint, per_endpoint,
                                                        configured_only => true) AS n
-                    FROM (SELECT y.endpoint, y.limits, y.inflight_key, y.overdue
-                          FROM @extschema@.webhook_parking p
-                          CROSS JOIN LATERAL (
-                              SELECT e.endpoint, e.limits, e.inflight_key,
-                                     CASE WHEN e.parked
-                                          THEN extract(epoch FROM now() - e.next_attempt_at)::float8
-                                     END AS overdue,
-                                     e.priority, e.next_attempt_at
-                              FROM @extschema@.webhook_events e
-                              WHERE e.endpoint = p.endpoint
-                                AND e.status = 'pending' AND e.next_attempt_at <= now()
-                              ORDER BY e.priority DESC, e.next_attempt_at
-                              LIMIT 1) y
-                          WHERE p.endpoint NOT IN (SELECT hd2.endpoint FROM head hd2)
-                            -- nothing of it was due at its last look (repace_parked)
-                            AND (p.look_from IS NULL OR p.look_from <= now())
-                          ORDER BY y.priority DESC, y.next_attempt_at
-                          LIMIT walk_endpoints) x) b
+                    FROM looked l
+                    WHERE l.next_attempt_at IS NOT NULL
+                    ORDER BY l.priority DESC, l.next_attempt_at) b
               WHERE b.n IS NOT NULL) h
     ), sized AS MATERIALIZED (
         SELECT v.endpoint, v.limits, v.inflight_key, v.pos, v.overdue,
@@ -559,7 +585,7 @@ BEGIN
                 ELSE excluded.parked_until END,
             rate = excluded.rate, parked = excluded.parked, limits = excluded.limits,
             recheck_at = coalesce(c.recheck_at, excluded.recheck_at),
-            look_from = NULL    -- the walk looks at once
+            look_from = now()   -- looked at again after the others due
         RETURNING c.endpoint, c.parked_from, c.rate
     ), parked AS (
         UPDATE @extschema@.webhook_events e
@@ -573,6 +599,22 @@ BEGIN
         JOIN cursors cu ON cu.endpoint = pr.endpoint
         WHERE e.id = pr.id
         RETURNING 1
+    ), rested AS (
+        -- every cursor looked at is looked at again after the others due
+        -- (now), or, if its endpoint had nothing due, once its next event
+        -- comes due (next_look); the cursors parked here were moved by
+        -- cursors, and those another claim holds are left to it (tried,
+        -- never waited for)
+        UPDATE @extschema@.webhook_parking c
+        SET look_from = CASE WHEN l.next_attempt_at IS NOT NULL THEN now()
+                             ELSE @extschema@.next_look(c.endpoint) END
+        FROM looked l
+        WHERE c.endpoint = l.endpoint
+          AND c.endpoint IN (SELECT c2.endpoint
+                             FROM @extschema@.webhook_parking c2
+                             WHERE c2.endpoint IN (SELECT l2.endpoint FROM looked l2)
+                               AND c2.endpoint NOT IN (SELECT tp.endpoint FROM to_park tp)
+                             FOR UPDATE SKIP LOCKED)
     ), taken AS MATERIALIZED (        -- the one call, whatever the join below
         SELECT t.request, t.granted, t.wait_seconds, t.slots
         FROM ratebucket.bucket_take_batch((

@@ -112,14 +112,18 @@ CREATE TABLE webhook_parking (
     recheck_at   timestamptz,           -- events parked more than 2 s ahead: when
                                         -- a claim next asks whether their buckets
                                         -- could send them sooner (unpark)
-    look_from    timestamptz            -- when the claims next look for the
-                                        -- endpoint's due events here (NULL: at
-                                        -- every claim): none was due, and none
-                                        -- comes due before (next_look)
+    look_from    timestamptz NOT NULL DEFAULT now()
+                                        -- when the claims' walk next looks for
+                                        -- the endpoint's due events here: the
+                                        -- cursors whose time has come, the
+                                        -- earliest first, a few per claim
+                                        -- (claim_events, step 1)
 );
 -- The cursors to look at again, soonest first.
 CREATE INDEX webhook_parking_recheck
     ON webhook_parking (recheck_at) WHERE recheck_at IS NOT NULL;
+-- The cursors the walk looks at, in turn.
+CREATE INDEX webhook_parking_look ON webhook_parking (look_from);
 
 -- The queue's rows are the user's data: pg_dump dumps them (and the id
 -- sequence's position) with the extension's objects.

@@ -1,16 +1,16 @@
 -- next_look: when the claims' walk next needs to look for due events of
--- an endpoint with a parking cursor (webhook_parking.look_from): NULL (at
--- every claim) while one is due; otherwise when its best pending event (in
--- queue order) comes due, and a second from now at the latest.  An event
--- that comes due sooner (one of lower priority, or one enqueued, retried,
--- given back by requeue_expired, deferred by a claim that lost its token,
--- or moved by hand meanwhile) is met within that second.
+-- an endpoint with a parking cursor (webhook_parking.look_from): now while
+-- one is due; otherwise when its best pending event (in queue order) comes
+-- due, and a second from now at the latest.  An event that comes due sooner
+-- (one of lower priority, or one enqueued, retried, given back by
+-- requeue_expired, deferred by a claim that lost its token, or moved by hand
+-- meanwhile) is met within that second.
 CREATE FUNCTION next_look(ep text) RETURNS timestamptz
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN b.at IS NULL OR b.at > now()
-                THEN least(b.at, now() + interval '1 s') END
+                THEN least(b.at, now() + interval '1 s') ELSE now() END
     FROM (SELECT (SELECT e.next_attempt_at
                   FROM @extschema@.webhook_events e
                   WHERE e.endpoint = ep AND e.status = 'pending'
@@ -122,13 +122,13 @@ BEGIN
         ON CONFLICT (endpoint) DO UPDATE
         SET parked_from = excluded.parked_from, parked_until = excluded.parked_until,
             rate = excluded.rate, parked = excluded.parked, recheck_at = excluded.recheck_at,
-            look_from = NULL;   -- they come due sooner: looked for at once
+            look_from = now();  -- they come due sooner: looked for at once
     ELSE
         UPDATE @extschema@.webhook_parking p
         SET recheck_at = CASE WHEN p.parked_until > now() + interval '2 s'
                               THEN now() + interval '1 s' END,
             -- unpark: the walk looks at once
-            look_from = CASE WHEN only_if_sooner THEN @extschema@.next_look(ep) END
+            look_from = CASE WHEN only_if_sooner THEN @extschema@.next_look(ep) ELSE now() END
         WHERE p.endpoint = ep;
     END IF;
     RETURN r.moved;

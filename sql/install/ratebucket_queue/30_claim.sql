@@ -18,10 +18,15 @@
 --    busy endpoint appears once: the next endpoints get their turn.
 --    The walk stops after 2 x batch / per_endpoint endpoints (at least 8), or
 --    20 x batch events.  Then it looks at as many endpoints again of those
---    it parked events of (webhook_parking) that have due events, the best
---    first due event first (one probe of webhook_events_endpoint for each
---    row of webhook_parking): parked behind a backlog of older events, they
---    would otherwise wait until the head of the queue reached them.
+--    it parked events of (webhook_parking), the parking cursors whose look
+--    has come (look_from), the earliest first: parked behind a backlog of
+--    older events, they would otherwise wait until the head of the queue
+--    reached them.  Those with due events join the walk, the best first due
+--    event first.  Each cursor looked at is looked at again after every
+--    other one due (its look_from is now), or, if its endpoint had nothing
+--    due, when its best pending event comes due, a second from now at the
+--    latest (next_look).  So every claim probes a few cursors, not all of
+--    them, and the cursors with due events take turns.
 -- 2. sized: what the event's other limits allow too: the whole tokens each
 --    bucket of its "limits" holds (bucket_grantable, which answers for a
 --    bucket every time: endpoints share their account) and the free slots
@@ -200,36 +205,44 @@ BEGIN
                     LIMIT 20 * batch) q) f
         WHERE f.n IS NOT NULL
         LIMIT walk_endpoints
+    ), looked AS MATERIALIZED (
+        -- the parking cursors whose look has come (look_from), the earliest
+        -- first, as many as the walk looks for, each with its endpoint's best
+        -- due event (none: NULL): parked behind a backlog, the head may not
+        -- reach them
+        SELECT p.endpoint, y.limits, y.inflight_key, y.overdue, y.priority, y.next_attempt_at
+        FROM (SELECT c.endpoint
+              FROM @extschema@.webhook_parking c
+              WHERE c.look_from <= now()
+                AND c.endpoint NOT IN (SELECT hd2.endpoint FROM head hd2)
+              ORDER BY c.look_from
+              LIMIT walk_endpoints) p
+        LEFT JOIN LATERAL (
+            SELECT e.limits, e.inflight_key,
+                   CASE WHEN e.parked
+                        THEN extract(epoch FROM now() - e.next_attempt_at)::float8
+                   END AS overdue,
+                   e.priority, e.next_attempt_at
+            FROM @extschema@.webhook_events e
+            WHERE e.endpoint = p.endpoint
+              AND e.status = 'pending' AND e.next_attempt_at <= now()
+            ORDER BY e.priority DESC, e.next_attempt_at
+            LIMIT 1) y ON true
     ), walk AS MATERIALIZED (
-        -- the head, then endpoints whose parked events are due, oldest
-        -- parking first: parked behind a backlog, the head may not reach them
+        -- the head, then the endpoints of the cursors looked at that have
+        -- due events, the best first due event first
         SELECT h.endpoint, h.limits, h.inflight_key, h.overdue, h.n, h.place,
                row_number() OVER () AS pos
         FROM (SELECT hd.endpoint, hd.limits, hd.inflight_key, hd.overdue, hd.n, hd.place
               FROM head hd
               UNION ALL
               SELECT b.endpoint, b.limits, b.inflight_key, b.overdue, b.n, NULL
-              FROM (SELECT x.endpoint, x.limits, x.inflight_key, x.overdue,
-                           ratebucket.bucket_claimable(x.endpoint, per_endpoint,
+              FROM (SELECT l.endpoint, l.limits, l.inflight_key, l.overdue,
+                           ratebucket.bucket_claimable(l.endpoint, per_endpoint,
                                                        configured_only => true) AS n
-                    FROM (SELECT y.endpoint, y.limits, y.inflight_key, y.overdue
-                          FROM @extschema@.webhook_parking p
-                          CROSS JOIN LATERAL (
-                              SELECT e.endpoint, e.limits, e.inflight_key,
-                                     CASE WHEN e.parked
-                                          THEN extract(epoch FROM now() - e.next_attempt_at)::float8
-                                     END AS overdue,
-                                     e.priority, e.next_attempt_at
-                              FROM @extschema@.webhook_events e
-                              WHERE e.endpoint = p.endpoint
-                                AND e.status = 'pending' AND e.next_attempt_at <= now()
-                              ORDER BY e.priority DESC, e.next_attempt_at
-                              LIMIT 1) y
-                          WHERE p.endpoint NOT IN (SELECT hd2.endpoint FROM head hd2)
-                            -- nothing of it was due at its last look (repace_parked)
-                            AND (p.look_from IS NULL OR p.look_from <= now())
-                          ORDER BY y.priority DESC, y.next_attempt_at
-                          LIMIT walk_endpoints) x) b
+                    FROM looked l
+                    WHERE l.next_attempt_at IS NOT NULL
+                    ORDER BY l.priority DESC, l.next_attempt_at) b
               WHERE b.n IS NOT NULL) h
     ), sized AS MATERIALIZED (
         SELECT v.endpoint, v.limits, v.inflight_key, v.pos, v.overdue,
@@ -399,7 +412,7 @@ BEGIN
                 ELSE excluded.parked_until END,
             rate = excluded.rate, parked = excluded.parked, limits = excluded.limits,
             recheck_at = coalesce(c.recheck_at, excluded.recheck_at),
-            look_from = NULL    -- the walk looks at once
+            look_from = now()   -- looked at again after the others due
         RETURNING c.endpoint, c.parked_from, c.rate
     ), parked AS (
         UPDATE @extschema@.webhook_events e
@@ -413,6 +426,22 @@ BEGIN
         JOIN cursors cu ON cu.endpoint = pr.endpoint
         WHERE e.id = pr.id
         RETURNING 1
+    ), rested AS (
+        -- every cursor looked at is looked at again after the others due
+        -- (now), or, if its endpoint had nothing due, once its next event
+        -- comes due (next_look); the cursors parked here were moved by
+        -- cursors, and those another claim holds are left to it (tried,
+        -- never waited for)
+        UPDATE @extschema@.webhook_parking c
+        SET look_from = CASE WHEN l.next_attempt_at IS NOT NULL THEN now()
+                             ELSE @extschema@.next_look(c.endpoint) END
+        FROM looked l
+        WHERE c.endpoint = l.endpoint
+          AND c.endpoint IN (SELECT c2.endpoint
+                             FROM @extschema@.webhook_parking c2
+                             WHERE c2.endpoint IN (SELECT l2.endpoint FROM looked l2)
+                               AND c2.endpoint NOT IN (SELECT tp.endpoint FROM to_park tp)
+                             FOR UPDATE SKIP LOCKED)
     ), taken AS MATERIALIZED (        -- the one call, whatever the join below
         SELECT t.request, t.granted, t.wait_seconds, t.slots
         FROM ratebucket.bucket_take_batch((
