@@ -194,12 +194,13 @@ $$;
 --    it parked events of (webhook_parking), the parking cursors whose look
 --    has come (look_from), the earliest first: parked behind a backlog of
 --    older events, they would otherwise wait until the head of the queue
---    reached them.  Those with due events join the walk, the best first due
---    event first.  Each cursor looked at is looked at again after every
---    other one due (its look_from is now), or, if its endpoint had nothing
---    due, when its best pending event comes due, a second from now at the
---    latest (next_look).  So every claim probes a few cursors, not all of
---    them, and the cursors with due events take turns.
+--    reached them (1a).  Those with due events join the walk, the best
+--    first due event first.  After the claim (9a), each cursor looked at is
+--    looked at again after every other one due (its look_from is now), or,
+--    if its endpoint has nothing due, when its best pending event comes due,
+--    a second from now at the latest (next_look).  So every claim probes a
+--    few cursors, not all of them, and the cursors with due events take
+--    turns.
 -- 2. sized: what the event's other limits allow too: the whole tokens each
 --    bucket of its "limits" holds (bucket_grantable, which answers for a
 --    bucket every time: endpoints share their account) and the free slots
@@ -304,7 +305,8 @@ $$;
 -- is done, and each step reads the rows of the steps before it as the
 -- statement made them.
 -- That statement is most of its length; the checks of its arguments, the
--- recheck (0) before it and the set-aside (10) after it are short.
+-- recheck (0) and the cursors' read (1a) before it, their move (9a) and
+-- the set-aside (10) after it are short.
 CREATE OR REPLACE FUNCTION claim_events(
     batch int DEFAULT 80,
     per_endpoint int DEFAULT 10,
@@ -328,6 +330,8 @@ AS $$
 #variable_conflict use_column
 DECLARE
     walk_endpoints int;     -- how many endpoints the walk looks for
+    looks text[];           -- the parking cursors it looks at (1a)
+    claimed boolean;        -- whether it returned any event
 BEGIN
     IF batch IS NULL OR batch < 1 OR per_endpoint IS NULL OR per_endpoint < 1 THEN
         RAISE EXCEPTION 'batch and per_endpoint must be at least 1'
@@ -357,6 +361,14 @@ BEGIN
         PERFORM @extschema@.recheck_parked(walk_endpoints, park_max);
     END IF;
 
+    -- 1a. the parking cursors whose look has come, the earliest first, as
+    -- many as the walk looks for (moved on after the claim: 9a)
+    looks := ARRAY(SELECT p.endpoint
+                   FROM @extschema@.webhook_parking p
+                   WHERE p.look_from <= now()
+                   ORDER BY p.look_from
+                   LIMIT walk_endpoints);
+
     RETURN QUERY
     WITH head AS MATERIALIZED (
         SELECT f.endpoint, f.limits, f.inflight_key, f.overdue, f.n, f.place
@@ -379,18 +391,12 @@ BEGIN
         WHERE f.n IS NOT NULL
         LIMIT walk_endpoints
     ), looked AS MATERIALIZED (
-        -- the parking cursors whose look has come (look_from), the earliest
-        -- first, as many as the walk looks for, each with its endpoint's best
-        -- due event (none: NULL): parked behind a backlog, the head may not
-        -- reach them
+        -- the parking cursors looked at (1a) that head did not meet and
+        -- whose endpoints have due events, each with its best due event:
+        -- parked behind a backlog, the head may not reach them
         SELECT p.endpoint, y.limits, y.inflight_key, y.overdue, y.priority, y.next_attempt_at
-        FROM (SELECT c.endpoint
-              FROM @extschema@.webhook_parking c
-              WHERE c.look_from <= now()
-                AND c.endpoint NOT IN (SELECT hd2.endpoint FROM head hd2)
-              ORDER BY c.look_from
-              LIMIT walk_endpoints) p
-        LEFT JOIN LATERAL (
+        FROM unnest(looks) AS p(endpoint)
+        CROSS JOIN LATERAL (
             SELECT e.limits, e.inflight_key,
                    CASE WHEN e.parked
                         THEN extract(epoch FROM now() - e.next_attempt_at)::float8
@@ -400,7 +406,8 @@ BEGIN
             WHERE e.endpoint = p.endpoint
               AND e.status = 'pending' AND e.next_attempt_at <= now()
             ORDER BY e.priority DESC, e.next_attempt_at
-            LIMIT 1) y ON true
+            LIMIT 1) y
+        WHERE p.endpoint NOT IN (SELECT hd2.endpoint FROM head hd2)
     ), walk AS MATERIALIZED (
         -- the head, then the endpoints of the cursors looked at that have
         -- due events, the best first due event first
@@ -414,7 +421,6 @@ BEGIN
                            ratebucket.bucket_claimable(l.endpoint, per_endpoint,
                                                        configured_only => true) AS n
                     FROM looked l
-                    WHERE l.next_attempt_at IS NOT NULL
                     ORDER BY l.priority DESC, l.next_attempt_at) b
               WHERE b.n IS NOT NULL) h
     ), sized AS MATERIALIZED (
@@ -599,22 +605,6 @@ BEGIN
         JOIN cursors cu ON cu.endpoint = pr.endpoint
         WHERE e.id = pr.id
         RETURNING 1
-    ), rested AS (
-        -- every cursor looked at is looked at again after the others due
-        -- (now), or, if its endpoint had nothing due, once its next event
-        -- comes due (next_look); the cursors parked here were moved by
-        -- cursors, and those another claim holds are left to it (tried,
-        -- never waited for)
-        UPDATE @extschema@.webhook_parking c
-        SET look_from = CASE WHEN l.next_attempt_at IS NOT NULL THEN now()
-                             ELSE @extschema@.next_look(c.endpoint) END
-        FROM looked l
-        WHERE c.endpoint = l.endpoint
-          AND c.endpoint IN (SELECT c2.endpoint
-                             FROM @extschema@.webhook_parking c2
-                             WHERE c2.endpoint IN (SELECT l2.endpoint FROM looked l2)
-                               AND c2.endpoint NOT IN (SELECT tp.endpoint FROM to_park tp)
-                             FOR UPDATE SKIP LOCKED)
     ), taken AS MATERIALIZED (        -- the one call, whatever the join below
         SELECT t.request, t.granted, t.wait_seconds, t.slots
         FROM ratebucket.bucket_take_batch((
@@ -642,6 +632,21 @@ BEGIN
     FROM grants g
     WHERE e.id = ANY (g.ids[1:g.granted])
     RETURNING e.id, e.endpoint, e.attempts, e.payload, e.lease_until;
+    claimed := FOUND;
+
+    -- 9a. each cursor looked at goes after the others due (now), or, if its
+    -- endpoint has nothing due any more, rests until its next event comes
+    -- due (next_look).  Those another claim holds are left to it (tried,
+    -- never waited for: a statement of its own after the claim's, whose
+    -- bucket locks are held to the commit).
+    IF cardinality(looks) > 0 THEN
+        UPDATE @extschema@.webhook_parking c
+        SET look_from = @extschema@.next_look(c.endpoint)
+        WHERE c.endpoint IN (SELECT p.endpoint
+                             FROM @extschema@.webhook_parking p
+                             WHERE p.endpoint = ANY (looks)
+                             FOR UPDATE SKIP LOCKED);
+    END IF;
 
     -- 10. set aside what blocks the walk: only if the walk, run again, meets
     -- an endpoint without a configuration, or one whose first event has
@@ -650,7 +655,7 @@ BEGIN
     -- and peek every endpoint among them for nothing.  (Two peeks per
     -- endpoint: the first answers NULL for an endpoint without a
     -- configuration, the second, without configured_only, does not.)
-    IF NOT FOUND AND (
+    IF NOT claimed AND (
         SELECT bool_or(w.unconfigured OR cardinality(w.limits) > 0 OR w.inflight_key IS NOT NULL)
         FROM (SELECT f.limits, f.inflight_key, f.n IS NULL AS unconfigured
               FROM (SELECT e.limits, e.inflight_key,
