@@ -14,6 +14,11 @@
 --     earliest first; each one looked at goes after the others, and one
 --     whose endpoint has nothing due rests until its best pending event
 --     comes due, or a second at most (next_look).
+--   - one claim at a time takes an endpoint's tokens: a claim passes over
+--     an endpoint another open claim is taking from, to the endpoints
+--     behind it, instead of waiting for its bucket; the walk is a loop
+--     before the claim's statement (claim_walk), which stops taking
+--     endpoints once they fill the batch.
 
 \echo Use "ALTER EXTENSION ratebucket_queue UPDATE TO '1.5'" to load this file. \quit
 
@@ -34,13 +39,28 @@ END $$;
 ALTER TABLE webhook_parking ADD COLUMN look_from timestamptz NOT NULL DEFAULT now();
 CREATE INDEX webhook_parking_look ON webhook_parking (look_from);
 
+-- claim_walk: a row of claim_events' walk (step 1), gathered before its
+-- statement: an endpoint met, the limits and cap of its first due event, how
+-- long since that event came due if it was parked (overdue), how many of its
+-- events the claim may lock (n: its whole tokens, at most per_endpoint), and
+-- its row in the head of the queue (place; NULL: met through its cursor).
+CREATE TYPE claim_walk AS (
+    endpoint     text,
+    limits       text[],
+    inflight_key text,
+    overdue      float8,
+    n            int,
+    place        bigint
+);
+
 -- next_look: when the claims' walk next needs to look for due events of
 -- an endpoint with a parking cursor (webhook_parking.look_from): now while
 -- one is due; otherwise when its best pending event (in queue order) comes
 -- due, and a second from now at the latest.  An event that comes due sooner
 -- (one of lower priority, or one enqueued, retried, given back by
 -- requeue_expired, deferred by a claim that lost its token, or moved by hand
--- meanwhile) is met within that second.
+-- meanwhile) is met once that second has passed and the cursor's turn has
+-- come.
 CREATE FUNCTION next_look(ep text) RETURNS timestamptz
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -188,7 +208,14 @@ $$;
 --    events to lock (its whole tokens, at most per_endpoint; 0 in a cooldown,
 --    a pause or an open breaker), and NULL at its later events, and at every
 --    event of an endpoint without a configuration (configured_only).  One
---    busy endpoint appears once: the next endpoints get their turn.
+--    busy endpoint appears once: the next endpoints get their turn.  Of the
+--    endpoints with tokens, it keeps only as many as fill the batch, and
+--    only those that no other claim is taking tokens from: a claim takes a
+--    transaction-level advisory lock on each (tried, never waited for) and
+--    passes over one another open claim holds, to the endpoints behind it,
+--    instead of waiting for its bucket.  So one claim at a time takes an
+--    endpoint's tokens: an endpoint gets at most per_endpoint events a
+--    claim, one claim after the other.
 --    The walk stops after 2 x batch / per_endpoint endpoints (at least 8), or
 --    20 x batch events.  Then it looks at as many endpoints again of those
 --    it parked events of (webhook_parking), the parking cursors whose look
@@ -299,14 +326,15 @@ $$;
 -- skipped by another worker were never counted, and a rollback gives the
 -- tokens and the slots back.
 --
--- Long: steps 1 to 9 are one statement, so that they read one snapshot,
+-- Long: steps 2 to 9 are one statement, so that they read one snapshot,
 -- take their locks in order and run on one plan: tokens are asked for (7)
 -- only for the events the same statement locked (4), once its parking (6)
 -- is done, and each step reads the rows of the steps before it as the
 -- statement made them.
 -- That statement is most of its length; the checks of its arguments, the
--- recheck (0) and the cursors' read (1a) before it, their move (9a) and
--- the set-aside (10) after it are short.
+-- recheck (0), the cursors' read (1a) and the walk (1, a loop, so that it
+-- stops taking endpoints' locks once it has enough) before it, the
+-- cursors' move (9a) and the set-aside (10) after it are short.
 CREATE OR REPLACE FUNCTION claim_events(
     batch int DEFAULT 80,
     per_endpoint int DEFAULT 10,
@@ -331,6 +359,15 @@ AS $$
 DECLARE
     walk_endpoints int;     -- how many endpoints the walk looks for
     looks text[];           -- the parking cursors it looks at (1a)
+    walk_rows @extschema@.claim_walk[] := '{}';  -- the walk (1), in its order
+    walked text[] := '{}';  -- its endpoints met at the head
+    filled bigint := 0;     -- the tokens of its endpoints that have some
+    place bigint := 0;      -- the rows of the head read so far
+    met int := 0;           -- the endpoints it met there
+    met_tokens int := 0;    -- those of them with tokens
+    last_place bigint := 0; -- the row of the last one
+    chunk bigint;           -- how many due events of an endpoint to park
+    r record;
     claimed boolean;        -- whether it returned any event
 BEGIN
     IF batch IS NULL OR batch < 1 OR per_endpoint IS NULL OR per_endpoint < 1 THEN
@@ -369,32 +406,59 @@ BEGIN
                    ORDER BY p.look_from
                    LIMIT walk_endpoints);
 
-    RETURN QUERY
-    WITH head AS MATERIALIZED (
-        SELECT f.endpoint, f.limits, f.inflight_key, f.overdue, f.n, f.place
-        FROM (SELECT q.*, row_number() OVER () AS place    -- its row in the walk
-              FROM (SELECT e.endpoint, e.limits, e.inflight_key,
-                           -- a parked event: how long since it came due
-                           CASE WHEN e.parked THEN extract(epoch FROM now() - e.next_attempt_at)::float8
-                           END AS overdue,
-                           ratebucket.bucket_claimable(e.endpoint, per_endpoint,
-                                                       configured_only => true) AS n
-                    FROM @extschema@.webhook_events e
-                    WHERE e.status = 'pending' AND e.next_attempt_at <= now()
-                      -- an endpoint parked 2 s ahead already: met below,
-                      -- not in the way of the endpoints behind it
-                      AND NOT EXISTS (SELECT FROM @extschema@.webhook_parking c
-                                      WHERE c.endpoint = e.endpoint
-                                        AND c.parked_until > now() + interval '2 s')
-                    ORDER BY e.priority DESC, e.next_attempt_at
-                    LIMIT 20 * batch) q) f
-        WHERE f.n IS NOT NULL
-        LIMIT walk_endpoints
-    ), looked AS MATERIALIZED (
-        -- the parking cursors looked at (1a) that head did not meet and
-        -- whose endpoints have due events, each with its best due event:
-        -- parked behind a backlog, the head may not reach them
-        SELECT p.endpoint, y.limits, y.inflight_key, y.overdue, y.priority, y.next_attempt_at
+    -- 1. walk: the head of the queue, in queue order
+    FOR r IN
+        SELECT e.endpoint, e.limits, e.inflight_key,
+               -- a parked event: how long since it came due
+               CASE WHEN e.parked THEN extract(epoch FROM now() - e.next_attempt_at)::float8
+               END AS overdue,
+               ratebucket.bucket_claimable(e.endpoint, per_endpoint,
+                                           configured_only => true) AS n
+        FROM @extschema@.webhook_events e
+        WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+          -- an endpoint parked 2 s ahead already: met below, not in the
+          -- way of the endpoints behind it
+          AND NOT EXISTS (SELECT FROM @extschema@.webhook_parking c
+                          WHERE c.endpoint = e.endpoint
+                            AND c.parked_until > now() + interval '2 s')
+        ORDER BY e.priority DESC, e.next_attempt_at
+        LIMIT 20 * batch
+    LOOP
+        place := place + 1;
+        CONTINUE WHEN r.n IS NULL;
+        -- an endpoint with tokens that another claim is taking from: passed
+        -- over (not met), to the endpoints behind it
+        CONTINUE WHEN r.n > 0 AND filled < batch
+                      AND NOT pg_try_advisory_xact_lock(hashtext('claim_events: claiming'),
+                                                        hashtext(r.endpoint));
+        met := met + 1;
+        met_tokens := met_tokens + (r.n > 0)::int;
+        last_place := place;
+        walked := walked || r.endpoint;
+        -- kept: an endpoint without tokens (to park), or one with tokens
+        -- while the batch is not full (its lock taken above)
+        IF r.n = 0 OR filled < batch THEN
+            filled := filled + r.n;
+            walk_rows := walk_rows || ROW(r.endpoint, r.limits, r.inflight_key, r.overdue,
+                                          r.n, place)::@extschema@.claim_walk;
+        END IF;
+        EXIT WHEN met >= walk_endpoints;
+    END LOOP;
+    -- how many due events of an endpoint to park (6): per_endpoint times
+    -- the endpoints met over those of them with tokens, or as many rows as
+    -- the walk passed over, if more; park_max if it met fewer endpoints
+    -- than it looks for (it read all it could)
+    chunk := CASE WHEN met < walk_endpoints THEN park_max
+                  ELSE greatest(per_endpoint * met / greatest(met_tokens, 1),
+                                last_place - met) END;
+
+    -- then the cursors looked at (1a) that the head did not meet and whose
+    -- endpoints have due events, the best first due event first: parked
+    -- behind a backlog, the head may not reach them
+    FOR r IN
+        SELECT p.endpoint, y.limits, y.inflight_key, y.overdue,
+               ratebucket.bucket_claimable(p.endpoint, per_endpoint,
+                                           configured_only => true) AS n
         FROM unnest(looks) AS p(endpoint)
         CROSS JOIN LATERAL (
             SELECT e.limits, e.inflight_key,
@@ -407,22 +471,24 @@ BEGIN
               AND e.status = 'pending' AND e.next_attempt_at <= now()
             ORDER BY e.priority DESC, e.next_attempt_at
             LIMIT 1) y
-        WHERE p.endpoint NOT IN (SELECT hd2.endpoint FROM head hd2)
-    ), walk AS MATERIALIZED (
-        -- the head, then the endpoints of the cursors looked at that have
-        -- due events, the best first due event first
-        SELECT h.endpoint, h.limits, h.inflight_key, h.overdue, h.n, h.place,
-               row_number() OVER () AS pos
-        FROM (SELECT hd.endpoint, hd.limits, hd.inflight_key, hd.overdue, hd.n, hd.place
-              FROM head hd
-              UNION ALL
-              SELECT b.endpoint, b.limits, b.inflight_key, b.overdue, b.n, NULL
-              FROM (SELECT l.endpoint, l.limits, l.inflight_key, l.overdue,
-                           ratebucket.bucket_claimable(l.endpoint, per_endpoint,
-                                                       configured_only => true) AS n
-                    FROM looked l
-                    ORDER BY l.priority DESC, l.next_attempt_at) b
-              WHERE b.n IS NOT NULL) h
+        WHERE p.endpoint <> ALL (walked)
+        ORDER BY y.priority DESC, y.next_attempt_at
+    LOOP
+        CONTINUE WHEN r.n IS NULL;
+        CONTINUE WHEN r.n > 0           -- as at the head
+                      AND (filled >= batch
+                           OR NOT pg_try_advisory_xact_lock(hashtext('claim_events: claiming'),
+                                                            hashtext(r.endpoint)));
+        filled := filled + r.n;
+        walk_rows := walk_rows || ROW(r.endpoint, r.limits, r.inflight_key, r.overdue, r.n,
+                            NULL)::@extschema@.claim_walk;
+    END LOOP;
+
+    RETURN QUERY
+    WITH walk AS MATERIALIZED (
+        SELECT w.endpoint, w.limits, w.inflight_key, w.overdue, w.n, w.place, w.pos
+        FROM unnest(walk_rows) WITH ORDINALITY
+             AS w(endpoint, limits, inflight_key, overdue, n, place, pos)
     ), sized AS MATERIALIZED (
         SELECT v.endpoint, v.limits, v.inflight_key, v.pos, v.overdue,
                -- least ignores NULL: no limits, no cap
@@ -540,12 +606,7 @@ BEGIN
                   LIMIT least(park_max,
                               CASE WHEN p.rate > 1 AND p.wait < 60
                                    THEN greatest(per_endpoint, ceil(least(p.rate, 1e9) * 2))::int END, (
-                      SELECT CASE WHEN count(*) < walk_endpoints
-                                  THEN park_max
-                                  ELSE greatest(per_endpoint * count(*)
-                                                    / greatest(count(*) FILTER (WHERE w.n > 0), 1),
-                                                max(w.place) - count(*)) END
-                      FROM walk w WHERE w.place IS NOT NULL))
+                      chunk))
                   FOR UPDATE SKIP LOCKED) y) x
     ), cursors AS (                 -- where each endpoint's parked events go
         INSERT INTO @extschema@.webhook_parking AS c (endpoint, parked_from, parked_until, rate, parked,

@@ -825,7 +825,7 @@ $node->stop;
 {
 	my $queue = slurp_file('sql/install/ratebucket_queue/30_claim.sql');
 	my $doc = slurp_file('doc/claim.md');
-	my ($code) = $queue =~ /^(    WITH head AS MATERIALIZED \(.*?\n    RETURNING e\.id[^\n]*;)$/ms;
+	my ($code) = $queue =~ /^(    WITH walk AS MATERIALIZED \(.*?\n    RETURNING e\.id[^\n]*;)$/ms;
 	my ($section) = $doc =~ /^## The statement\n(.*?)^## /ms;
 	ok(defined $code && defined $section,
 		'the claim statement is found in 30_claim.sql and its explanation in doc/claim.md');

@@ -4,7 +4,8 @@
 -- due, and a second from now at the latest.  An event that comes due sooner
 -- (one of lower priority, or one enqueued, retried, given back by
 -- requeue_expired, deferred by a claim that lost its token, or moved by hand
--- meanwhile) is met within that second.
+-- meanwhile) is met once that second has passed and the cursor's turn has
+-- come.
 CREATE FUNCTION next_look(ep text) RETURNS timestamptz
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
