@@ -23,12 +23,14 @@
 --    instead of waiting for its bucket.  So one claim at a time takes an
 --    endpoint's tokens: an endpoint gets at most per_endpoint events a
 --    claim, one claim after the other.
---    The walk stops after 2 x batch / per_endpoint endpoints (at least 8), or
---    20 x batch events.  Then it looks at as many endpoints again of those
---    it parked events of (webhook_parking), the parking cursors whose look
---    has come (look_from), the earliest first: parked behind a backlog of
---    older events, they would otherwise wait until the head of the queue
---    reached them (1a).  Those with due events join the walk, the best
+--    The walk stops after 2 x batch / per_endpoint endpoints (at least 8),
+--    those passed over for another claim not counted, once their tokens
+--    fill the batch, or after 20 x batch events.  (It keeps as many without
+--    tokens as it looks for endpoints.)  Then it looks at as many endpoints
+--    again of those it parked events of (webhook_parking), the parking
+--    cursors whose look has come (look_from), the earliest first: parked
+--    behind a backlog of older events, they would otherwise wait until the
+--    head of the queue reached them (1a).  Those with due events join the walk, the best
 --    first due event first.  After the claim (9a), each cursor looked at is
 --    looked at again after every other one due (its look_from is now), or,
 --    if its endpoint has nothing due, when its best pending event comes due,
@@ -242,14 +244,17 @@ BEGIN
         met_tokens := met_tokens + (r.n > 0)::int;
         last_place := place;
         walked := walked || r.endpoint;
-        -- kept: an endpoint without tokens (to park), or one with tokens
-        -- while the batch is not full (its lock taken above)
-        IF r.n = 0 OR filled < batch THEN
+        -- kept: one with tokens while the batch is not full (its lock taken
+        -- above), and as many without tokens (to park) as the walk looks
+        -- for endpoints
+        IF (r.n > 0 AND filled < batch) OR (r.n = 0 AND met - met_tokens <= walk_endpoints) THEN
             filled := filled + r.n;
             walk_rows := walk_rows || ROW(r.endpoint, r.limits, r.inflight_key, r.overdue,
                                           r.n, place)::@extschema@.claim_walk;
         END IF;
-        EXIT WHEN met >= walk_endpoints;
+        -- (it goes on past the endpoints other claims hold until the batch
+        -- is full)
+        EXIT WHEN met >= walk_endpoints AND filled >= batch;
     END LOOP;
     -- how many due events of an endpoint to park (6): per_endpoint times
     -- the endpoints met over those of them with tokens, or as many rows as
