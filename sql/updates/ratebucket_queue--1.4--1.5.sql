@@ -419,10 +419,13 @@ BEGIN
         FROM @extschema@.webhook_events e
         WHERE e.status = 'pending' AND e.next_attempt_at <= now()
           -- an endpoint parked 2 s ahead already: met below, not in the
-          -- way of the endpoints behind it
-          AND NOT EXISTS (SELECT FROM @extschema@.webhook_parking c
-                          WHERE c.endpoint = e.endpoint
-                            AND c.parked_until > now() + interval '2 s')
+          -- way of the endpoints behind it.  (In a CASE, a test of each row
+          -- read in queue order: as an anti-join, estimated to leave almost
+          -- nothing, it made the plan sort every due event.)
+          AND CASE WHEN EXISTS (SELECT FROM @extschema@.webhook_parking c
+                                WHERE c.endpoint = e.endpoint
+                                  AND c.parked_until > now() + interval '2 s')
+                   THEN false ELSE true END
         ORDER BY e.priority DESC, e.next_attempt_at
         LIMIT 20 * batch
     LOOP
