@@ -215,7 +215,9 @@ $$;
 --    passes over one another open claim holds, to the endpoints behind it,
 --    instead of waiting for its bucket.  So one claim at a time takes an
 --    endpoint's tokens: an endpoint gets at most per_endpoint events a
---    claim, one claim after the other.
+--    claim, one claim after the other.  Likewise it passes over an endpoint
+--    without tokens that another claim is parking (the parking lock of 6,
+--    tried here), so that claims park different endpoints at once.
 --    The walk stops after 2 x batch / per_endpoint endpoints (at least 8),
 --    those passed over for another claim not counted, once their tokens
 --    fill the batch, or after 20 x batch events.  (It keeps as many without
@@ -367,6 +369,7 @@ DECLARE
     place bigint := 0;      -- the rows of the head read so far
     met int := 0;           -- the endpoints it met there
     met_tokens int := 0;    -- those of them with tokens
+    kept_idle int := 0;     -- those kept without tokens
     last_place bigint := 0; -- the row of the last one
     chunk bigint;           -- how many due events of an endpoint to park
     r record;
@@ -431,20 +434,25 @@ BEGIN
     LOOP
         place := place + 1;
         CONTINUE WHEN r.n IS NULL;
-        -- an endpoint with tokens that another claim is taking from: passed
-        -- over (not met), to the endpoints behind it
-        CONTINUE WHEN r.n > 0 AND filled < batch
-                      AND NOT pg_try_advisory_xact_lock(hashtext('claim_events: claiming'),
-                                                        hashtext(r.endpoint));
+        -- an endpoint that another claim is taking tokens from, or, without
+        -- tokens, parking: passed over (not met), to the endpoints behind it
+        CONTINUE WHEN CASE WHEN r.n > 0
+                           THEN filled < batch
+                                AND NOT pg_try_advisory_xact_lock(hashtext('claim_events: claiming'),
+                                                                  hashtext(r.endpoint))
+                           ELSE kept_idle < walk_endpoints
+                                AND NOT pg_try_advisory_xact_lock(hashtext('claim_events: parking'),
+                                                                  hashtext(r.endpoint)) END;
         met := met + 1;
         met_tokens := met_tokens + (r.n > 0)::int;
         last_place := place;
         walked := walked || r.endpoint;
-        -- kept: one with tokens while the batch is not full (its lock taken
-        -- above), and as many without tokens (to park) as the walk looks
-        -- for endpoints
-        IF (r.n > 0 AND filled < batch) OR (r.n = 0 AND met - met_tokens <= walk_endpoints) THEN
+        -- kept: one with tokens while the batch is not full, and as many
+        -- without tokens (to park) as the walk looks for endpoints, each
+        -- under the lock taken above
+        IF (r.n > 0 AND filled < batch) OR (r.n = 0 AND kept_idle < walk_endpoints) THEN
             filled := filled + r.n;
+            kept_idle := kept_idle + (r.n = 0)::int;
             walk_rows := walk_rows || ROW(r.endpoint, r.limits, r.inflight_key, r.overdue,
                                           r.n, place)::@extschema@.claim_walk;
         END IF;
@@ -483,10 +491,12 @@ BEGIN
         ORDER BY y.priority DESC, y.next_attempt_at
     LOOP
         CONTINUE WHEN r.n IS NULL;
-        CONTINUE WHEN r.n > 0           -- as at the head
-                      AND (filled >= batch
-                           OR NOT pg_try_advisory_xact_lock(hashtext('claim_events: claiming'),
-                                                            hashtext(r.endpoint)));
+        CONTINUE WHEN CASE WHEN r.n > 0           -- as at the head
+                           THEN filled >= batch
+                                OR NOT pg_try_advisory_xact_lock(hashtext('claim_events: claiming'),
+                                                                 hashtext(r.endpoint))
+                           ELSE NOT pg_try_advisory_xact_lock(hashtext('claim_events: parking'),
+                                                              hashtext(r.endpoint)) END;
         filled := filled + r.n;
         walk_rows := walk_rows || ROW(r.endpoint, r.limits, r.inflight_key, r.overdue, r.n,
                             NULL)::@extschema@.claim_walk;
