@@ -368,9 +368,10 @@ DECLARE
     filled bigint := 0;     -- the tokens of its endpoints that have some
     place bigint := 0;      -- the rows of the head read so far
     met int := 0;           -- the endpoints it met there
-    met_tokens int := 0;    -- those of them with tokens
-    kept_idle int := 0;     -- those kept without tokens
-    last_place bigint := 0; -- the row of the last one
+    kept_tokens int := 0;   -- those it kept with tokens
+    kept_idle int := 0;     -- and without
+    nulls bigint := 0;      -- the rows read that were no endpoint's first
+    passed_rows bigint := 0;  -- those before the last endpoint met
     chunk bigint;           -- how many due events of an endpoint to park
     r record;
     claimed boolean;        -- whether it returned any event
@@ -433,6 +434,7 @@ BEGIN
         LIMIT 20 * batch
     LOOP
         place := place + 1;
+        nulls := nulls + (r.n IS NULL)::int;
         CONTINUE WHEN r.n IS NULL;
         -- an endpoint that another claim is taking tokens from, or, without
         -- tokens, parking: passed over (not met), to the endpoints behind it
@@ -444,8 +446,7 @@ BEGIN
                                 AND NOT pg_try_advisory_xact_lock(hashtext('claim_events: parking'),
                                                                   hashtext(r.endpoint)) END;
         met := met + 1;
-        met_tokens := met_tokens + (r.n > 0)::int;
-        last_place := place;
+        passed_rows := nulls;
         walked := walked || r.endpoint;
         -- kept: one with tokens while the batch is not full, and as many
         -- without tokens (to park) as the walk looks for endpoints, each
@@ -453,6 +454,7 @@ BEGIN
         IF (r.n > 0 AND filled < batch) OR (r.n = 0 AND kept_idle < walk_endpoints) THEN
             filled := filled + r.n;
             kept_idle := kept_idle + (r.n = 0)::int;
+            kept_tokens := kept_tokens + (r.n > 0)::int;
             walk_rows := walk_rows || ROW(r.endpoint, r.limits, r.inflight_key, r.overdue,
                                           r.n, place)::@extschema@.claim_walk;
         END IF;
@@ -461,12 +463,13 @@ BEGIN
         EXIT WHEN met >= walk_endpoints AND filled >= batch;
     END LOOP;
     -- how many due events of an endpoint to park (6): per_endpoint times
-    -- the endpoints met over those of them with tokens, or as many rows as
-    -- the walk passed over, if more; park_max if it met fewer endpoints
-    -- than it looks for (it read all it could)
+    -- the endpoints kept over those of them with tokens, or as many rows as
+    -- the walk passed over (later events of the endpoints it met), if more;
+    -- park_max if it met fewer endpoints than it looks for (it read all it
+    -- could)
     chunk := CASE WHEN met < walk_endpoints THEN park_max
-                  ELSE greatest(per_endpoint * met / greatest(met_tokens, 1),
-                                last_place - met) END;
+                  ELSE greatest(per_endpoint * (kept_tokens + kept_idle) / greatest(kept_tokens, 1),
+                                passed_rows) END;
 
     -- then the cursors looked at (1a) that the head did not meet and whose
     -- endpoints have due events, the best first due event first: parked
