@@ -1,15 +1,13 @@
 -- claim_walk: a row of claim_events' walk (step 1), gathered before its
 -- statement: an endpoint met, the limits and cap of its first due event, how
--- long since that event came due if it was parked (overdue), how many of its
--- events the claim may lock (n: its whole tokens, at most per_endpoint), and
--- its row in the head of the queue (place; NULL: met through its cursor).
+-- long since that event came due if it was parked (overdue), and how many of
+-- its events the claim may lock (n: its whole tokens, at most per_endpoint).
 CREATE TYPE claim_walk AS (
     endpoint     text,
     limits       text[],
     inflight_key text,
     overdue      float8,
-    n            int,
-    place        bigint
+    n            int
 );
 
 -- What claim_events needs of ratebucket's views, in functions of their own:

@@ -173,7 +173,6 @@ DECLARE
     walk_rows @extschema@.claim_walk[] := '{}';  -- the walk (1), in its order
     walked text[] := '{}';  -- its endpoints met at the head
     filled bigint := 0;     -- the tokens of its endpoints that have some
-    place bigint := 0;      -- the rows of the head read so far
     met int := 0;           -- the endpoints it met there
     kept_tokens int := 0;   -- those it kept with tokens
     kept_idle int := 0;     -- and without
@@ -240,7 +239,6 @@ BEGIN
         ORDER BY e.priority DESC, e.next_attempt_at
         LIMIT 20 * batch
     LOOP
-        place := place + 1;
         nulls := nulls + (r.n IS NULL)::int;
         CONTINUE WHEN r.n IS NULL;
         -- an endpoint that another claim is taking tokens from, or, without
@@ -263,7 +261,7 @@ BEGIN
             kept_idle := kept_idle + (r.n = 0)::int;
             kept_tokens := kept_tokens + (r.n > 0)::int;
             walk_rows := walk_rows || ROW(r.endpoint, r.limits, r.inflight_key, r.overdue,
-                                          r.n, place)::@extschema@.claim_walk;
+                                          r.n)::@extschema@.claim_walk;
         END IF;
         -- (it goes on past the endpoints other claims hold until the batch
         -- is full)
@@ -308,15 +306,15 @@ BEGIN
                            ELSE NOT pg_try_advisory_xact_lock(hashtext('claim_events: parking'),
                                                               hashtext(r.endpoint)) END;
         filled := filled + r.n;
-        walk_rows := walk_rows || ROW(r.endpoint, r.limits, r.inflight_key, r.overdue, r.n,
-                            NULL)::@extschema@.claim_walk;
+        walk_rows := walk_rows || ROW(r.endpoint, r.limits, r.inflight_key, r.overdue,
+                                      r.n)::@extschema@.claim_walk;
     END LOOP;
 
     RETURN QUERY
     WITH walk AS MATERIALIZED (
-        SELECT w.endpoint, w.limits, w.inflight_key, w.overdue, w.n, w.place, w.pos
+        SELECT w.endpoint, w.limits, w.inflight_key, w.overdue, w.n, w.pos
         FROM unnest(walk_rows) WITH ORDINALITY
-             AS w(endpoint, limits, inflight_key, overdue, n, place, pos)
+             AS w(endpoint, limits, inflight_key, overdue, n, pos)
     ), sized AS MATERIALIZED (
         SELECT v.endpoint, v.limits, v.inflight_key, v.pos, v.overdue,
                -- least ignores NULL: no limits, no cap
