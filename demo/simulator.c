@@ -47,6 +47,8 @@
  *   ep06 rate=40  burst=40  down=0-10 port=8081
  *   ep07 rate=40  burst=20  change=18:0.5,36:1
  *   ep08 rate=25  burst=10  mode=bare
+ *   ep09 rate=6   burst=60  window=sliding:10 mode=bare
+ *   ep10 rate=10  burst=100 window=fixed:10
  *
  *   rate=R       requests per second the bucket refills, required
  *                (a number, 1e-6 to 1e9)
@@ -71,6 +73,17 @@
  *                N = max(1, ceil(seconds until the bucket holds a token, at
  *                the rate of the moment)); <B> and <R> are the burst and the
  *                rate of the moment (see change=)
+ *   window=K:W   not a token bucket but a window of W seconds (a whole
+ *                number, 1 to 3600) that admits burst= requests (a whole
+ *                number, at most 1e6), and rate= must be burst / W:
+ *                  sliding    at most burst requests in any W seconds
+ *                  fixed      at most burst requests in each W seconds
+ *                             of the wall clock (windows start at the
+ *                             multiples of W since the Unix epoch)
+ *                Every request counts, the refused ones too: a sender that
+ *                keeps knocking keeps the window full.  N for the 429's
+ *                headers is the time until the window admits again (at
+ *                least 1).  Not with mode=ratelimit nor change=.
  *   fail=P       of the requests the bucket admits (they spend a token), a
  *                fraction P answers 503 (no Retry-After) or 500, alternately;
  *                drawn from a per-endpoint generator seeded by --seed
@@ -168,6 +181,13 @@ enum retry_mode
     MODE_BARE                   /* no field at all */
 };
 
+enum limiter_kind
+{
+    LIMIT_BUCKET,               /* a token bucket: rate=, burst= */
+    LIMIT_SLIDING,              /* burst= requests in any window_s seconds */
+    LIMIT_FIXED                 /* burst= requests per window_s of the wall clock */
+};
+
 /* One step of a change= schedule: from at_s on, the limit is factor x the
  * configured one. */
 struct change
@@ -184,7 +204,9 @@ struct endpoint
     double rate;                /* tokens per second, as configured */
     double burst;               /* bucket size, as configured */
     enum retry_mode mode;
-    long long window_s;         /* mode=ratelimit: burst / rate, whole seconds */
+    long long window_s;         /* mode=ratelimit: burst / rate, whole seconds;
+                                 * window=: its length */
+    enum limiter_kind kind;     /* window=, else LIMIT_BUCKET */
     struct change changes[MAX_CHANGES]; /* change=, in time order */
     int n_changes;
     double fail_p;              /* fraction of admitted requests that fail */
@@ -200,6 +222,12 @@ struct endpoint
     double tokens;
     int64_t refilled_ns;        /* when tokens was last brought up to date */
     uint64_t rng;               /* splitmix64 state */
+    int64_t *arrivals;          /* window=sliding: the last burst= requests'
+                                 * times (ns since start), a ring */
+    long n_arrivals;            /* how many it holds (at most burst=) */
+    long next_arrival;          /* where the next one goes: the oldest */
+    int64_t window_no;          /* window=fixed: the window counted */
+    long window_count;          /* requests counted in it */
     uint64_t failures;          /* failed answers so far: 503, 500, 503, ... */
     uint64_t n_requests, n_ok, n_throttled, n_failed;
 };
@@ -536,6 +564,19 @@ apply_option(struct endpoint *ep, const char *key, const char *value,
             config_error(path, line, "mode must be seconds, date, ratelimit or bare, not '%s'",
                          value);
     }
+    else if (strcmp(key, "window") == 0)
+    {
+        const char *colon = strchr(value, ':');
+
+        if (colon != NULL && strncmp(value, "sliding:", 8) == 0)
+            ep->kind = LIMIT_SLIDING;
+        else if (colon != NULL && strncmp(value, "fixed:", 6) == 0)
+            ep->kind = LIMIT_FIXED;
+        if (ep->kind == LIMIT_BUCKET || !parse_long(colon + 1, 1, 3600, &l))
+            config_error(path, line, "window must be sliding:W or fixed:W, W whole seconds "
+                         "1..3600, not '%s'", value);
+        ep->window_s = l;
+    }
     else if (strcmp(key, "fail") == 0)
     {
         if (!parse_double(value, &ep->fail_p) || ep->fail_p < 0 || ep->fail_p > 1)
@@ -566,8 +607,8 @@ apply_option(struct endpoint *ep, const char *key, const char *value,
                          "increasing, F > 0), not '%s'", MAX_CHANGES, value);
     }
     else
-        config_error(path, line, "unknown key '%s' (known: rate burst mode fail delay_ms down "
-                     "port change)", key);
+        config_error(path, line, "unknown key '%s' (known: rate burst mode window fail "
+                     "delay_ms down port change)", key);
 }
 
 /* Is x a whole number (to a relative 1e-9, for values read as decimals)? */
@@ -604,12 +645,31 @@ check_policy(struct endpoint *ep, const char *path, int line)
                          ep->changes[i].factor * ep->burst);
 }
 
+/*
+ * window=: burst= whole (the count a window admits) and rate= its mean,
+ * burst / W; no RateLimit fields to publish, no change= of the limit.
+ */
+static void
+check_window(struct endpoint *ep, const char *path, int line)
+{
+    if (!is_whole(ep->burst) || ep->burst > 1e6)
+        config_error(path, line, "window=: burst must be a whole number of requests up to "
+                     "1e6, not %g", ep->burst);
+    if (fabs(ep->rate * (double) ep->window_s - ep->burst) > 1e-9 * ep->burst)
+        config_error(path, line, "window=: rate must be burst / W = %g, not %g",
+                     ep->burst / (double) ep->window_s, ep->rate);
+    if (ep->mode == MODE_RATELIMIT)
+        config_error(path, line, "window= does not go with mode=ratelimit");
+    if (ep->n_changes > 0)
+        config_error(path, line, "window= does not go with change=");
+}
+
 /* Parse the rest of a config line (after the name, strtok_r state in save). */
 static void
 parse_endpoint_options(struct endpoint *ep, char **save, const char *path, int line)
 {
-    static const char *const keys[] = {"rate", "burst", "mode", "fail", "delay_ms", "down",
-                                       "port", "change"};
+    static const char *const keys[] = {"rate", "burst", "mode", "window", "fail", "delay_ms",
+                                       "down", "port", "change"};
     bool seen[sizeof(keys) / sizeof(keys[0])] = {false};
     char *tok;
 
@@ -645,7 +705,9 @@ parse_endpoint_options(struct endpoint *ep, char **save, const char *path, int l
             config_error(path, line, "change at %g s: rate %g and burst %g are out of bounds",
                          ep->changes[i].at_s, f * ep->rate, f * ep->burst);
     }
-    if (ep->mode == MODE_RATELIMIT)
+    if (ep->kind != LIMIT_BUCKET)
+        check_window(ep, path, line);
+    else if (ep->mode == MODE_RATELIMIT)
         check_policy(ep, path, line);
 }
 
@@ -760,6 +822,9 @@ init_endpoints(struct simulator *sim)
         ep->tokens = ep->burst;
         ep->refilled_ns = 0;
         ep->rng = sim->seed ^ hash_name(ep->name);
+        if (ep->kind == LIMIT_SLIDING)
+            ep->arrivals = xcalloc((size_t) llround(ep->burst), sizeof(*ep->arrivals));
+        ep->window_no = -1;
         sim->by_name[i] = ep;
     }
     qsort(sim->by_name, sim->n_endpoints, sizeof(*sim->by_name), compare_names);
@@ -895,9 +960,89 @@ admitted_status(struct endpoint *ep)
 }
 
 /*
+ * window=sliding: may a request at now_ns pass?  It is counted either way
+ * (it takes the place of the oldest of the last burst= requests); if
+ * refused, *retry_s is the time until the window admits again.
+ */
+static bool
+sliding_admits(struct endpoint *ep, int64_t now_ns, int64_t *retry_s)
+{
+    long n = llround(ep->burst);
+    int64_t window_ns = ep->window_s * 1000000000LL;
+    bool admit = ep->n_arrivals < n ||
+        ep->arrivals[ep->next_arrival] <= now_ns - window_ns;
+
+    ep->arrivals[ep->next_arrival] = now_ns;
+    ep->next_arrival = (ep->next_arrival + 1) % n;
+    if (ep->n_arrivals < n)
+        ep->n_arrivals++;
+    if (!admit)
+    {
+        /* the oldest of the last n, this one included, must leave first */
+        int64_t free_ns = ep->arrivals[ep->next_arrival] + window_ns - now_ns;
+
+        *retry_s = (free_ns + 999999999LL) / 1000000000LL;
+    }
+    return admit;
+}
+
+/*
+ * window=fixed: may a request at now_ns pass?  Windows are window_s long
+ * on the wall clock; every request counts in its own.
+ */
+static bool
+fixed_admits(struct simulator *sim, struct endpoint *ep, int64_t now_ns,
+             int64_t *retry_s)
+{
+    int64_t wall_us = sim->t0_wall_us + now_ns / 1000;
+    int64_t window_us = ep->window_s * 1000000LL;
+    int64_t no = wall_us / window_us;
+
+    if (no != ep->window_no)
+    {
+        ep->window_no = no;
+        ep->window_count = 0;
+    }
+    if (ep->window_count++ < llround(ep->burst))
+        return true;
+    *retry_s = ((no + 1) * window_us - wall_us + 999999) / 1000000;
+    return false;
+}
+
+/*
+ * Admit or refuse one request to ep by its window (window=), count it and
+ * log it; the caller holds ep->lock.
+ */
+static struct verdict
+window_decide(struct simulator *sim, struct endpoint *ep, int64_t now_ns)
+{
+    struct verdict v = {0};
+    bool admit = ep->kind == LIMIT_SLIDING ? sliding_admits(ep, now_ns, &v.retry_s)
+        : fixed_admits(sim, ep, now_ns, &v.retry_s);
+
+    v.limit = llround(ep->burst);
+    if (admit)
+    {
+        v.status = admitted_status(ep);
+        if (v.status == MHD_HTTP_OK)
+            ep->n_ok++;
+        else
+            ep->n_failed++;
+    }
+    else
+    {
+        ep->n_throttled++;
+        v.status = MHD_HTTP_TOO_MANY_REQUESTS;
+        if (v.retry_s < 1)
+            v.retry_s = 1;
+    }
+    return v;
+}
+
+/*
  * Admit or refuse one request to ep, count it and log it, all under the
- * endpoint's lock so that its lines are in time order.  A refused request
- * spends nothing.
+ * endpoint's lock so that its lines are in time order.  A request a token
+ * bucket refuses spends nothing (a window counts it: window_decide).
  */
 static struct verdict
 limiter_decide(struct simulator *sim, struct endpoint *ep,
@@ -908,9 +1053,16 @@ limiter_decide(struct simulator *sim, struct endpoint *ep,
 
     lock(&ep->lock);
     now_ns = since_start_ns(sim);
+    ep->n_requests++;
+    if (ep->kind != LIMIT_BUCKET)
+    {
+        v = window_decide(sim, ep, now_ns);
+        log_write(&sim->log, now_ns, ep->name, event_id, attempt, v.status);
+        unlock(&ep->lock);
+        return v;
+    }
     refill(ep, now_ns);
     v.limit = llround(ep->cur_burst);
-    ep->n_requests++;
     if (ep->tokens >= 1)
     {
         ep->tokens -= 1;
@@ -1559,7 +1711,10 @@ static void
 free_simulator(struct simulator *sim)
 {
     for (size_t i = 0; i < sim->n_endpoints; i++)
+    {
         pthread_mutex_destroy(&sim->endpoints[i].lock);
+        free(sim->endpoints[i].arrivals);
+    }
     canned_destroy(&sim->canned);
     free(sim->listeners);
     free(sim->by_name);

@@ -65,19 +65,27 @@ SELECT effective_rate, throttles, cooldowns FROM ratebucket.bucket_status WHERE 
 
 -- Each 429 after the last cooldown multiplies the rate by 0.7, down to the
 -- floor: by default 10% of the rate (10/s).  Cooldowns of 0 s here, so that
--- each 429 comes after the previous one's cooldown; no return above the
--- lowered rate (return_fraction below throttle_factor) and no climb
--- (recovery_factor 1), so that the figures do not grow in between.
+-- each 429 comes after the previous one's cooldown, and a 2xx before each
+-- (a 429 with nothing but 429s heard since the cooldown ended is a lock-out,
+-- below); no return above the lowered rate (return_fraction below
+-- throttle_factor) and no climb (recovery_factor 1), so that the figures do
+-- not grow in between.
 SET ratebucket.min_cooldown = 0;
 SET ratebucket.return_fraction = 0.5;
+CREATE FUNCTION pg_temp.observe_after_2xx(ep text, retry_after text)
+RETURNS TABLE (outcome text, cooldown_seconds float8, effective_rate float8, breaker text)
+LANGUAGE sql AS $$
+SELECT ratebucket.bucket_observe(ep, 200);
+SELECT * FROM ratebucket.bucket_observe(ep, 429, retry_after);
+$$;
 SELECT ratebucket.bucket_configure('f:halve', 100, 10, recovery_factor => 1);
-SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
-SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
-SELECT round(effective_rate::numeric, 3) AS effective_rate, breaker FROM ratebucket.bucket_observe('f:halve', 429, '0');
-SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
-SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
-SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
-SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:halve', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM pg_temp.observe_after_2xx('f:halve', '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM pg_temp.observe_after_2xx('f:halve', '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate, breaker FROM pg_temp.observe_after_2xx('f:halve', '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM pg_temp.observe_after_2xx('f:halve', '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM pg_temp.observe_after_2xx('f:halve', '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM pg_temp.observe_after_2xx('f:halve', '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM pg_temp.observe_after_2xx('f:halve', '0');
 SELECT round(effective_rate::numeric, 3) AS effective_rate, at_floor_since IS NOT NULL AS at_floor, throttles, cooldowns,
 	   failures, failure_run
 FROM ratebucket.bucket_status WHERE endpoint = 'f:halve';
@@ -101,16 +109,16 @@ ORDER BY d.after;
 
 -- A configured floor: 30/s.
 SELECT ratebucket.bucket_configure('f:floor', 100, 10, floor_rate => 30, recovery_factor => 1);
-SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '0');
-SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '0');
-SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '0');
-SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:floor', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM pg_temp.observe_after_2xx('f:floor', '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM pg_temp.observe_after_2xx('f:floor', '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM pg_temp.observe_after_2xx('f:floor', '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM pg_temp.observe_after_2xx('f:floor', '0');
 SELECT round(effective_rate::numeric, 3) AS effective_rate, at_floor_since IS NOT NULL AS at_floor
 FROM ratebucket.bucket_status WHERE endpoint = 'f:floor';
 -- A gentler multiplier, configured: x0.8.
 SELECT ratebucket.bucket_configure('f:gentle', 100, 10, throttle_factor => 0.8, recovery_factor => 1);
-SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:gentle', 429, '0');
-SELECT round(effective_rate::numeric, 3) AS effective_rate FROM ratebucket.bucket_observe('f:gentle', 429, '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM pg_temp.observe_after_2xx('f:gentle', '0');
+SELECT round(effective_rate::numeric, 3) AS effective_rate FROM pg_temp.observe_after_2xx('f:gentle', '0');
 -- Explicit limits: the decrease applies on top of the rate each take passes.
 SELECT allowed FROM ratebucket.bucket_take('f:explicit', 40, 5);
 SELECT effective_rate FROM ratebucket.bucket_observe('f:explicit', 429, '1');
@@ -329,17 +337,123 @@ SELECT outcome FROM ratebucket.bucket_observe('e:api', 429, '1', NULL, :'before_
 SELECT rate_factor = :f1 AS same_low, factor_at = :'at1' AS same_curve, throttles, cooldowns
 FROM ratebucket.buckets WHERE endpoint = 'e:api';
 -- a request sent after the episode's cooldown (none here, so it ends at
--- once): the next episode, from the rate it was sent at (70/s)
+-- once), once the destination took others: the next episode, from the
+-- rate it was sent at (70/s)
 SET ratebucket.min_cooldown = 0;
 SELECT ratebucket.bucket_configure('e:next', 100, 10);
 SELECT effective_rate FROM ratebucket.bucket_observe('e:next', 429, '0', NULL, clock_timestamp());
 SELECT factor_at AS episode_end FROM ratebucket.buckets WHERE endpoint = 'e:next' \gset
+SELECT outcome FROM ratebucket.bucket_observe('e:next', 200, NULL, NULL, :'episode_end');
 SELECT round(effective_rate::numeric, 3) AS effective_rate
 FROM ratebucket.bucket_observe('e:next', 429, '5', NULL, :'episode_end');
 RESET ratebucket.min_cooldown;
 -- A send time after the answer (a client clock ahead) counts as the answer's.
 SELECT outcome FROM ratebucket.bucket_observe('e:api', 429, NULL, NULL, clock_timestamp() + interval '1 hour');
 SELECT * FROM ratebucket.bucket_observe('e:api', 200, NULL, NULL, 'infinity');
+
+--
+-- Lock-outs.  A destination that counts requests in a window, the refused
+-- ones included, or that holds a penalty, refuses the first requests after
+-- a cooldown whatever their rate.  A 429 to a request sent within the time
+-- of the first two tokens after a throttle episode's cooldown ended (0.1 s
+-- at least), with nothing but 429s heard since it ended, doubles the
+-- cooldown (up to 60 s and ratebucket.max_cooldown) and leaves the rate
+-- where the episode put it; the return starts at the end of the longer
+-- cooldown.  Send times are given, so that the figures do not depend on
+-- how long the statements take.
+--
+SET ratebucket.default_cooldown = '200ms';
+SET ratebucket.min_cooldown = '100ms';
+SELECT ratebucket.bucket_configure('l:window', 10, 5);
+-- the episode: 7/s, the default cooldown (a bare 429)
+SELECT outcome, round(cooldown_seconds::numeric, 1) AS cooldown, effective_rate
+FROM ratebucket.bucket_observe('l:window', 429);
+SELECT cooldown_until AS cd FROM ratebucket.buckets WHERE endpoint = 'l:window' \gset
+SELECT pg_sleep(0.25);
+-- the first request after it, sent 10 ms after its end, refused: twice the
+-- cooldown, the same rate
+SELECT outcome, round(cooldown_seconds::numeric, 1) AS cooldown, effective_rate
+FROM ratebucket.bucket_observe('l:window', 429, NULL, NULL, :'cd'::timestamptz + interval '10 ms');
+SELECT cooldown_until AS cd, factor_at = cooldown_until AS returns_after_it,
+	   cooldown_until - cooldown_from AS lasts
+FROM ratebucket.buckets WHERE endpoint = 'l:window' \gset
+SELECT :'returns_after_it' AS returns_after_it, :'lasts' AS lasts;
+-- a 429 to a request sent before that (another of the same burst) changes
+-- nothing
+SELECT effective_rate, cooldown_until = :'cd' AS same_cooldown
+FROM ratebucket.bucket_observe('l:window', 429, NULL, NULL, :'cd'::timestamptz - interval '100 ms'),
+	 ratebucket.buckets WHERE endpoint = 'l:window';
+SELECT pg_sleep(0.45);
+-- again: twice that
+SELECT outcome, round(cooldown_seconds::numeric, 1) AS cooldown, effective_rate
+FROM ratebucket.bucket_observe('l:window', 429, NULL, NULL, :'cd'::timestamptz + interval '10 ms');
+-- and again, up to ratebucket.max_cooldown (1 s here)
+SET ratebucket.max_cooldown = '1s';
+SELECT cooldown_until AS cd FROM ratebucket.buckets WHERE endpoint = 'l:window' \gset
+SELECT pg_sleep(0.85);
+SELECT outcome, round(cooldown_seconds::numeric, 1) AS cooldown, effective_rate
+FROM ratebucket.bucket_observe('l:window', 429, NULL, NULL, :'cd'::timestamptz + interval '10 ms');
+RESET ratebucket.max_cooldown;
+SELECT effective_rate, throttles, cooldowns FROM ratebucket.bucket_status WHERE endpoint = 'l:window';
+-- Out of the lock-out, the rate returns as the episode set it: 7/s at the
+-- end of the last cooldown, 0.85 of 10/s two seconds (return_time) later.
+SELECT cooldown_until AS cd FROM ratebucket.buckets WHERE endpoint = 'l:window' \gset
+SELECT d.label, round(n.effective_rate::numeric, 3) AS effective_rate
+FROM ratebucket.buckets b,
+	 (VALUES ('cooldown end', interval '0'), ('+2 s', '2 s')) AS d(label, after),
+	 LATERAL ratebucket.bucket_now(b, :'cd'::timestamptz + d.after) AS n
+WHERE b.endpoint = 'l:window'
+ORDER BY d.after;
+
+-- Not a lock-out: a 2xx heard since the cooldown ended (the destination
+-- took a request back: it refills as it goes).  The 429 after it is the
+-- next episode: 0.7 of the rate it was sent at, a little above 7/s (the
+-- return had begun).
+SELECT ratebucket.bucket_configure('l:bucket', 10, 5);
+SELECT effective_rate FROM ratebucket.bucket_observe('l:bucket', 429);
+SELECT cooldown_until AS cd FROM ratebucket.buckets WHERE endpoint = 'l:bucket' \gset
+SELECT pg_sleep(0.25);
+SELECT outcome FROM ratebucket.bucket_observe('l:bucket', 200, NULL, NULL, :'cd'::timestamptz + interval '5 ms');
+SELECT round(effective_rate::numeric, 3) AS effective_rate, round(cooldown_seconds::numeric, 1) AS cooldown
+FROM ratebucket.bucket_observe('l:bucket', 429, NULL, NULL, :'cd'::timestamptz + interval '10 ms');
+-- Not a lock-out: a request sent later than the first two tokens at the
+-- rate of the moment (7/s: some 0.29 s); the next episode lowers the rate.
+SELECT ratebucket.bucket_configure('l:late', 10, 5);
+SELECT effective_rate FROM ratebucket.bucket_observe('l:late', 429);
+SELECT cooldown_until AS cd FROM ratebucket.buckets WHERE endpoint = 'l:late' \gset
+SELECT pg_sleep(0.65);
+SELECT effective_rate < 7 AS lowered, round(cooldown_seconds::numeric, 1) AS cooldown
+FROM ratebucket.bucket_observe('l:late', 429, NULL, NULL, :'cd'::timestamptz + interval '0.4 s');
+-- A lock-out whose 429 says when to come back: that time, not twice the
+-- last cooldown; the rate stays.
+SELECT ratebucket.bucket_configure('l:says', 10, 5);
+SELECT effective_rate FROM ratebucket.bucket_observe('l:says', 429);
+SELECT cooldown_until AS cd FROM ratebucket.buckets WHERE endpoint = 'l:says' \gset
+SELECT pg_sleep(0.25);
+SELECT outcome, round(cooldown_seconds::numeric, 1) AS cooldown, effective_rate
+FROM ratebucket.bucket_observe('l:says', 429, '1', NULL, :'cd'::timestamptz + interval '10 ms');
+-- A new episode whose 429 asks for a longer wait than a token bucket would
+-- (over 2 s): a window spent until its end.  The rate returns to what the
+-- window fits: what was sent since the last episode's cooldown ended (1 s
+-- at the rate of the moment), over that time and the wait (3 s): a
+-- quarter of the rate it was sent at, but never below what the rate drops
+-- to, 0.7 of it, where a token bucket's wait would have brought it back to
+-- 0.85 of it.
+SELECT ratebucket.bucket_configure('l:fixed', 10, 5);
+SELECT effective_rate FROM ratebucket.bucket_observe('l:fixed', 429);
+SELECT cooldown_until AS cd FROM ratebucket.buckets WHERE endpoint = 'l:fixed' \gset
+SELECT pg_sleep(1.1);
+SELECT outcome FROM ratebucket.bucket_observe('l:fixed', 200, NULL, NULL, :'cd'::timestamptz + interval '0.5 s');
+SELECT n.effective_rate AS sent_rate
+FROM ratebucket.buckets b, ratebucket.bucket_now(b, :'cd'::timestamptz + interval '1 s') AS n
+WHERE b.endpoint = 'l:fixed' \gset
+SELECT outcome, round(cooldown_seconds::numeric, 1) AS cooldown
+FROM ratebucket.bucket_observe('l:fixed', 429, '3', NULL, :'cd'::timestamptz + interval '1 s');
+SELECT n.effective_rate BETWEEN 0.69 * :sent_rate AND 0.71 * :sent_rate AS returns_to_0_7
+FROM ratebucket.buckets b, ratebucket.bucket_now(b, b.cooldown_until + interval '2 s') AS n
+WHERE b.endpoint = 'l:fixed';
+RESET ratebucket.default_cooldown;
+RESET ratebucket.min_cooldown;
 
 --
 -- A level that held (the last episode's return level, 0.5 here): a refusal

@@ -81,8 +81,10 @@ CREATE TABLE ratebucket.buckets (
 	limit_burst_factor float8,
 	-- The template that configured the endpoint came with 1.6.
 	template		text,
-	-- The token reserve's batch came with 1.8, last.
+	-- The token reserve's batch came with 1.8.
 	reserve			int,
+	-- When the cooldown began came with 1.11, last.
+	cooldown_from	timestamptz,
 	CONSTRAINT buckets_pkey PRIMARY KEY (endpoint)
 	-- No CHECK constraints, on purpose: the executor re-reads every CHECK
 	-- expression from its stored text at the start of each statement, and
@@ -175,6 +177,8 @@ COMMENT ON COLUMN ratebucket.buckets.template IS
 'The pattern of the template (bucket_template) that configured the endpoint, which it follows; NULL when configured by bucket_configure, or not configured.';
 COMMENT ON COLUMN ratebucket.buckets.reserve IS
 'Tokens a refill of the endpoint''s reserve in shared memory moves at most (bucket_reserve); NULL when it has none.';
+COMMENT ON COLUMN ratebucket.buckets.cooldown_from IS
+'When the cooldown ending at cooldown_until began: a 429 that locks the sender out right after it doubles its length.';
 
 --
 -- In-flight caps: at most cap deliveries in flight per key (an account, say).

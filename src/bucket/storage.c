@@ -131,6 +131,8 @@ static const RbColumn rb_columns[] = {
 	COL_OPT("template", RB_TXTN, template_name),
 	/* 1.8: a token reserve in shared memory */
 	COL_OPT("reserve", RB_I4N, reserve_batch),
+	/* 1.11: when the cooldown began (a lock-out doubles it) */
+	COL_OPT("cooldown_from", RB_TSN, adapt.cooldown_from),
 };
 
 #define RB_NCOLUMNS ((int) lengthof(rb_columns))

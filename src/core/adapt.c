@@ -33,6 +33,14 @@
 /* A refusal at most this much above a level that held is one at it. */
 #define RB_AT_LEVEL 1.02
 
+/*
+ * The longest wait a token bucket at its limit asks for: the time until its
+ * next token, in the whole seconds of Retry-After or of an HTTP-date (two
+ * at most, the date rounded up).  A longer one is a window's end or a
+ * penalty (microseconds).
+ */
+#define RB_TOKEN_WAIT INT64_C(2000000)
+
 /* The burst grows back by recovery_factor over this many intervals. */
 #define RB_BURST_INTERVALS 4.0
 
@@ -47,6 +55,7 @@ rb_adapt_init(RbAdapt *adapt)
 	adapt->limit_factor = NAN;
 	adapt->limit_burst_factor = NAN;
 	adapt->cooldown_until = RB_NO_TIME;
+	adapt->cooldown_from = RB_NO_TIME;
 	adapt->at_floor_since = RB_NO_TIME;
 	adapt->paused_until = RB_NO_TIME;
 	adapt->failure_run = 0;
@@ -421,6 +430,7 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 		(int64_t) (policy->return_time * RB_USECS_PER_SEC);
 	bool		held = adapt->factor_at != RB_NO_TIME && sent >= held_from;
 	double		keep = RB_HELD_SHORT;
+	double		fits = at_send;
 
 	/*
 	 * Sent once the last episode's return was over, at or above its level:
@@ -435,6 +445,26 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 
 		keep += (RB_HELD_LONG - RB_HELD_SHORT) *
 			(seconds < RB_HELD_SECONDS ? seconds / RB_HELD_SECONDS : 1.0);
+	}
+	/*
+	 * A refusal that asks for a longer wait than a token bucket would is
+	 * no request that met the destination early: a window spent until its
+	 * end.  The level that held does not protect the rate then; what the
+	 * destination took since the last episode's cooldown ended, in that
+	 * time and the wait, is the rate that fits its window: the rate returns
+	 * no higher (and no lower than it drops to, throttle_factor of it).
+	 */
+	if (adapt->cooldown_until != RB_NO_TIME &&
+		adapt->cooldown_until - now > RB_TOKEN_WAIT)
+	{
+		held = false;
+		if (adapt->factor_at != RB_NO_TIME && sent > adapt->factor_at)
+		{
+			double		sending = (double) sent - (double) adapt->factor_at;
+			double		wait = (double) adapt->cooldown_until - (double) now;
+
+			fits = at_send * sending / (sending + wait);
+		}
 	}
 	if (held && !isnan(adapt->target_factor) &&
 		adapt->target_factor <= at_send && adapt->target_factor * keep > target)
@@ -454,6 +484,8 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 		target = adapt->target_factor * keep;
 	}
 
+	if (fits < target)
+		target = fits;
 	if (low <= policy->floor_factor)
 	{
 		low = policy->floor_factor;

@@ -61,6 +61,7 @@ typedef struct RbAdapt
 	double		limit_burst_factor; /* a published burst over the capacity;
 									 * NaN: none */
 	int64_t		cooldown_until; /* takes refused until then */
+	int64_t		cooldown_from;	/* when that cooldown (or the last) began */
 	int64_t		at_floor_since; /* when the factor last hit the floor */
 	int64_t		paused_until;	/* paused by hand until then (may be far) */
 	int32_t		failure_run;	/* consecutive failures */

@@ -11,7 +11,9 @@
  *	  429						throttled: a cooldown (Retry-After, else a
  *								rate-limit reset, else the default) and the
  *								effective rate times throttle_factor, never
- *								below the floor
+ *								below the floor; a 429 to the first request
+ *								after a throttle episode's cooldown is a
+ *								lock-out: the cooldown grows, the rate stays
  *	  503 with Retry-After		unavailable: a cooldown
  *	  5xx, 408, 0 or NULL		failure: counts toward the breaker
  *	  anything else				neutral: the request's own fault
@@ -32,6 +34,17 @@
 
 /* The climb above a return level takes at least this many requests' time. */
 #define RB_PROBE_REQUESTS 1200.0
+
+/*
+ * A lock-out (rb_locked_out): the first requests after a cooldown are those
+ * sent within RB_LOCKOUT_TOKENS tokens' time at the effective rate of the
+ * moment, or RB_LOCKOUT_FIRST_USECS if that is longer (the time from a
+ * grant to its request's send); the cooldown doubles up to
+ * RB_LOCKOUT_MAX_USECS (and never past ratebucket.max_cooldown).
+ */
+#define RB_LOCKOUT_TOKENS 2.0
+#define RB_LOCKOUT_FIRST_USECS INT64_C(100000)
+#define RB_LOCKOUT_MAX_USECS INT64_C(60000000)
 
 /*
  * rb_policy_resolve
@@ -179,19 +192,82 @@ rb_cooldown_asked(RbOutcome outcome, double ra_seconds, const RbRateLimit *rl,
 }
 
 /*
- * A cooldown until "until".  A rate bucket empties (rb_cool_down); a
- * calendar quota keeps what is left of its window: the cooldown refuses
- * its takes until it ends (rb_quota_take) without spending the quota.
+ * A cooldown from "now" until "until".  A rate bucket empties
+ * (rb_cool_down); a calendar quota keeps what is left of its window: the
+ * cooldown refuses its takes until it ends (rb_quota_take) without
+ * spending the quota.  A cooldown that lengthens the one in force starts
+ * now (cooldown_from: a lock-out doubles it from there).
  */
 static void
 rb_apply_cooldown(RbState *state, RbAdapt *adapt, bool is_quota,
-				  int64_t until)
+				  int64_t now, int64_t until)
 {
+	int64_t		was = adapt->cooldown_until;
+
 	if (!is_quota)
 		rb_cool_down(state, adapt, until);
 	else if (adapt->cooldown_until == RB_NO_TIME ||
 			 adapt->cooldown_until < until)
 		adapt->cooldown_until = until;
+	if (adapt->cooldown_until != was)
+		adapt->cooldown_from = now;
+}
+
+/*
+ * Is a 429 a lock-out: the destination refusing the first requests that
+ * follow a throttle episode's cooldown, before the rate they were sent at
+ * could matter?  A destination that refills as it goes (a token bucket)
+ * took some requests back during the cooldown; one that counts requests in
+ * a window, the refused ones included, or that holds a penalty, did not:
+ * its window is still full, and a lower rate would not have helped.  So:
+ * the request was sent after the cooldown of the last episode had ended
+ * (the cooldown that set where the rate returns from, factor_at), within
+ * the time of its first RB_LOCKOUT_TOKENS tokens at the rate of the moment
+ * (or RB_LOCKOUT_FIRST_USECS), and nothing but 429s was heard since that
+ * cooldown ended.  Without a send time, the answer's own time stands for it.
+ */
+static bool
+rb_locked_out(const RbAdapt *before, const RbFeedbackCounters *counters,
+			  const RbPolicy *policy, double ceiling, int64_t sent)
+{
+	int64_t		ended = before->cooldown_until;
+	double		rate;
+	double		first;
+
+	if (ended == RB_NO_TIME || before->factor_at != ended || sent < ended)
+		return false;
+	if (counters->last_observed_at != RB_NO_TIME &&
+		counters->last_observed_at >= ended && counters->last_status != 429)
+		return false;
+	rate = ceiling * rb_factor_now(before, policy, sent);
+	first = rate > 0.0 ? RB_LOCKOUT_TOKENS / rate * RB_USECS_PER_SEC : 0.0;
+	if (first < (double) RB_LOCKOUT_FIRST_USECS)
+		first = (double) RB_LOCKOUT_FIRST_USECS;
+	return (double) sent - (double) ended <= first;
+}
+
+/*
+ * The cooldown of a lock-out, in microseconds: what the answer asked for
+ * (asked, seconds) if it said, else twice the cooldown that just ended (or
+ * than the default, if that is not known), at most RB_LOCKOUT_MAX_USECS.
+ */
+static int64_t
+rb_lockout_cooldown(const RbAdapt *before, const RbPolicy *policy,
+					double asked)
+{
+	double		last = (double) policy->default_cooldown;
+	double		longest = (double) RB_LOCKOUT_MAX_USECS;
+
+	if (!isnan(asked))
+		return rb_clamp_cooldown(policy, asked);
+	if (before->cooldown_from != RB_NO_TIME &&
+		before->cooldown_from < before->cooldown_until)
+		last = (double) before->cooldown_until - (double) before->cooldown_from;
+	if (longest > (double) policy->max_cooldown)
+		longest = (double) policy->max_cooldown;
+	if (2.0 * last < longest)
+		longest = 2.0 * last;
+	return rb_clamp_cooldown(policy, longest / RB_USECS_PER_SEC);
 }
 
 /*
@@ -267,6 +343,7 @@ rb_feedback_observe(RbState *state, RbAdapt *adapt,
 	double		ra_value;
 	double		cooldown;
 	RbOutcome	outcome;
+	bool		locked_out;
 	int64_t		sent = response->sent_at;
 
 	/* a send time after the answer (another clock): the answer's time */
@@ -287,18 +364,29 @@ rb_feedback_observe(RbState *state, RbAdapt *adapt,
 		rb_publish_limit(adapt, rl.limit / rl.window_seconds / bucket->ceiling,
 						 rl.limit / bucket->capacity);
 
+	locked_out = outcome == RB_OUTCOME_THROTTLED && !bucket->is_quota &&
+		rb_locked_out(&before, counters, policy, bucket->ceiling,
+					  sent != RB_NO_TIME ? sent : now);
 	if (rb_cooldown_asked(outcome, ra_seconds, &rl, &cooldown))
 	{
-		rb_apply_cooldown(state, adapt, bucket->is_quota,
-						  now + rb_clamp_cooldown(policy, cooldown));
+		rb_apply_cooldown(state, adapt, bucket->is_quota, now,
+						  now + (locked_out ?
+								 rb_lockout_cooldown(&before, policy, cooldown) :
+								 rb_clamp_cooldown(policy, cooldown)));
 		if (adapt->cooldown_until != before.cooldown_until)
 			counters->cooldowns++;
 	}
 
-	/* the rate: once per throttle episode */
+	/*
+	 * The rate: once per throttle episode.  A lock-out belongs to the
+	 * episode whose cooldown it follows: the rate holds where that episode
+	 * put it until the longer cooldown ends, then returns as it would have.
+	 */
 	if (outcome == RB_OUTCOME_THROTTLED)
 	{
-		if (!bucket->is_quota && rb_new_episode(&before, sent, now))
+		if (locked_out)
+			adapt->factor_at = adapt->cooldown_until;
+		else if (!bucket->is_quota && rb_new_episode(&before, sent, now))
 			rb_throttle_episode(adapt, policy,
 								sent != RB_NO_TIME ? sent : now, now);
 		counters->throttles++;

@@ -659,12 +659,35 @@ step_observe(Reader *r)
 			before_adapt.factor_at != RB_NO_TIME && sent < before_adapt.factor_at :
 			before_cooldown != RB_NO_TIME && before_cooldown > now;
 
-		if (same)
+		/*
+		 * A lock-out: the request sent within its first two tokens' time
+		 * (or 0.1 s) after the last episode's cooldown ended, nothing but
+		 * 429s heard since.  The rate holds where the episode put it until
+		 * the new cooldown ends; a bare 429's cooldown is at most twice the
+		 * last one, and never past 60 s.
+		 */
+		double		first = fmax(2.0 / (ceiling * f_sent) * 1e6, 100000.0);
+		bool		locked = !same && before_cooldown != RB_NO_TIME &&
+			before_adapt.factor_at == before_cooldown && sent >= before_cooldown &&
+			(before_counters.last_observed_at == RB_NO_TIME ||
+			 before_counters.last_observed_at < before_cooldown ||
+			 before_counters.last_status == 429) &&
+			(double) sent - (double) before_cooldown <= first;
+
+		if (same || locked)
 		{
 			CHECK(row.adapt.rate_factor == before_adapt.rate_factor);
-			CHECK(row.adapt.factor_at == before_adapt.factor_at);
+			CHECK(same ? row.adapt.factor_at == before_adapt.factor_at :
+				  row.adapt.factor_at == row.adapt.cooldown_until);
+			CHECK(isnan(row.adapt.target_factor) ? isnan(before_adapt.target_factor) :
+				  row.adapt.target_factor == before_adapt.target_factor);
 		}
-		else
+		if (locked && ra_kind == RB_RA_ABSENT && !rl.has_reset &&
+			row.adapt.cooldown_until != before_cooldown)
+			CHECK(row.adapt.cooldown_until - now <=
+				  (int64_t) fmax((double) policy.min_cooldown,
+								 fmin(60e6, (double) policy.max_cooldown)) + 1);
+		if (!same && !locked)
 		{
 			CHECK(row.adapt.factor_at >= now);
 			CHECK(row.adapt.factor_at == row.adapt.cooldown_until ||
