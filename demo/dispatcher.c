@@ -32,6 +32,11 @@
  *               their buckets in endpoint order.  Every transaction must
  *               take them in that order, or workers deadlock, each
  *               stalling for deadlock_timeout (see record_batch).
+ *               A 429 is recorded as soon as it comes back, with the others
+ *               of the batch that came back with it so far, not at the end
+ *               of the batch (whose slowest request may take seconds): its
+ *               cooldown must stop the other workers' requests to that
+ *               destination now, or each of them draws another 429.
  *   4. sleep    When a claim finds nothing, next_due() says how long until
  *               something could be claimable (an event falls due, a bucket
  *               refills).  The worker sleeps that long, at most 1 s, or
@@ -255,6 +260,9 @@ typedef struct Request
     long status;                /* the HTTP status, 0: no response */
     bool sent;                  /* false: it never left (see request_left) */
     double sent_mono;           /* now_s() when it was handed to libcurl */
+    bool done;                  /* its outcome is known */
+    bool recorded;              /* recorded already (a 429, at once) */
+    bool take;                  /* in the record being built (answer_arrays) */
     Captured captured[N_CAPTURED];
     char error[CURL_ERROR_SIZE];
 } Request;
@@ -294,6 +302,7 @@ typedef struct Worker
     int nrequests;              /* created so far (all, after worker_init) */
     PGresult *batch;            /* the claim's result, kept until recorded */
     double claimed_mono;        /* now_s() as the claim was sent */
+    double early_record_s;      /* this batch's records while in flight (429s) */
     bool notified;              /* a NOTIFY came since the last claim began */
     Buf json;                   /* scratch: an event's headers */
     Buf text;                   /* scratch: an event's Retry-After */
@@ -1039,6 +1048,7 @@ finish_request(Worker *w, Request *r, CURLcode result)
     if (mc != CURLM_OK)
         log_error(w->num, "curl_multi_remove_handle: %s", curl_multi_strerror(mc));
     r->active = false;
+    r->done = true;
     curl_slist_free_all(r->headers);
     r->headers = NULL;
 }
@@ -1090,6 +1100,55 @@ log_transport_error(Worker *w, const Request *r)
     w->transport_unlogged = 0;
 }
 
+static int record_batch(Worker *w, int n, Stats *st);
+
+/*
+ * The requests of the batch to record next: every one done and not
+ * recorded yet (throttled_only: if one of them is a 429).  Sets each
+ * one's take; returns how many.
+ */
+static int
+mark_take(Worker *w, int n, bool throttled_only)
+{
+    int taken = 0;
+    bool throttled = false;
+
+    for (int i = 0; i < n; i++)
+    {
+        Request *r = &w->requests[i];
+
+        r->take = r->done && !r->recorded;
+        taken += r->take;
+        throttled |= r->take && r->status == 429;
+    }
+    if (throttled_only && !throttled)
+    {
+        for (int i = 0; i < n; i++)
+            w->requests[i].take = false;
+        return 0;
+    }
+    return taken;
+}
+
+/*
+ * While the batch is in flight: record at once the answers back so far if
+ * one is a 429 (see the header).  Its time counts as recording.  If it
+ * fails, they are recorded with the rest of the batch.
+ */
+static void
+record_throttled(Worker *w, int n, Stats *st)
+{
+    double t0;
+
+    if (mark_take(w, n, true) == 0)
+        return;
+    t0 = now_s();
+    if (record_batch(w, n, st) == 0)
+        for (int i = 0; i < n; i++)
+            w->requests[i].recorded |= w->requests[i].take;
+    w->early_record_s += now_s() - t0;
+}
+
 /*
  * Deliver the claimed batch: all its requests at once on the worker's multi
  * handle, which keeps connections alive from one batch to the next.
@@ -1104,8 +1163,11 @@ deliver(Worker *w, int n, Stats *st)
     {
         Request *r = &w->requests[i];
 
+        r->done = false;
+        r->recorded = false;
         if (!start_request(w, r, i))
         {
+            r->done = true;
             /* it never left: recorded as not sent */
             curl_slist_free_all(r->headers);
             r->headers = NULL;
@@ -1127,6 +1189,8 @@ deliver(Worker *w, int n, Stats *st)
         collect_finished(w);
         if (running == 0)
             break;
+        if (!opt.by_endpoint)
+            record_throttled(w, n, st);
         mc = curl_multi_poll(w->multi, NULL, 0, 1000, NULL);
         if (mc != CURLM_OK)
         {
@@ -1308,6 +1372,9 @@ answer_arrays(Worker *w, int n)
     for (int i = 0; i < n; i++)
     {
         const Request *r = &w->requests[i];
+
+        if (!r->take)
+            continue;
         const char *lease = PQgetvalue(w->batch, r->row, COL_LEASE);
         double before_end = opt.lease_seconds - (r->sent_mono - w->claimed_mono);
         char status[24], sent_at[64];
@@ -1383,12 +1450,15 @@ static int
 record_batch(Worker *w, int n, Stats *st)
 {
     const char *values[N_ANSWER_ARRAYS];
+    int taken = 0;
 
+    for (int i = 0; i < n; i++)
+        taken += w->requests[i].take;
     answer_arrays(w, n);
     for (int a = 0; a < N_ANSWER_ARRAYS; a++)
         values[a] = w->arrays[a].data;
     return record_result(w, "record_deliveries", run_prepared(w, "record", N_ANSWER_ARRAYS, values),
-                         n, st);
+                         taken, st);
 }
 
 /* ------------------------------------------------------ by endpoint -- */
@@ -1511,7 +1581,13 @@ static int
 record(Worker *w, int n, Stats *st)
 {
     int (*once)(Worker *, int, Stats *) = opt.by_endpoint ? record_endpoint_once : record_batch;
-    int rc = once(w, n, st);
+    int rc;
+    int taken = mark_take(w, n, false);
+
+    /* what a 429 did not record already (all of it, by endpoint) */
+    if (taken == 0)
+        return 0;
+    rc = once(w, n, st);
 
     if (rc > 0)
     {
@@ -1520,7 +1596,7 @@ record(Worker *w, int n, Stats *st)
     }
     if (rc != 0)
         log_error(w->num, "%d delivered event%s not recorded: delivered again"
-                  " once the lease expires", n, n == 1 ? "" : "s");
+                  " once the lease expires", taken, taken == 1 ? "" : "s");
     return rc == 0 ? 0 : -1;
 }
 
@@ -1752,11 +1828,12 @@ worker_loop(Worker *w)
         st.claim_s += t1 - t0;
         if (n > 0)
         {
+            w->early_record_s = 0.0;
             deliver(w, n, &st);
             t2 = now_s();
-            st.deliver_s += t2 - t1;
+            st.deliver_s += t2 - t1 - w->early_record_s;
             rc = record(w, n, &st);
-            st.record_s += now_s() - t2;
+            st.record_s += now_s() - t2 + w->early_record_s;
             stats_flush(&st);
             if (rc < 0)
                 goto failed;

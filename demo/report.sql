@@ -398,14 +398,25 @@ SELECT 7, format('above their limit: 429s later than %s s after the first reques
                          round((100.0 * late_429 / greatest(requests, 1))::numeric, 1)), ', ' ORDER BY name)
 FROM throttled;
 
--- (c) the effective rate it settled at
+-- (c) the effective rate it settled at.  A window destination (window=,
+-- true_burst per 10 s) takes any burst its window has room for and refuses
+-- the rest of it, so the rate that delivers its mean may run above the
+-- mean while cooldowns take the window's end: it is judged on what it
+-- delivered over the second half (N per window), within the same bounds.
+CREATE TEMP VIEW settled AS
+SELECT t.name, t.final_rate, d.sim LIKE '%window=%' AS is_window,
+       CASE WHEN d.sim LIKE '%window=%' THEN h.delivered_rate ELSE t.effective_rate END AS rate
+FROM throttled t JOIN demo_endpoints d ON d.name = t.name
+LEFT JOIN second_half_rate h ON h.name = t.name;
+
 INSERT INTO demo_checks
-SELECT 8, format('above their limit: effective rate over the second half of its delivery (median) within %s-%s x the true limit (the last one)',
+SELECT 8, format('above their limit: effective rate over the second half of its delivery (median) within %s-%s x the true limit (the last one; a window''s delivered rate)',
                  :final_lo, :final_hi),
-       coalesce(bool_and((effective_rate BETWEEN :final_lo * final_rate AND :final_hi * final_rate) IS TRUE), false),
-       string_agg(format('%s %s/s of %s (%s x)', name, round(effective_rate::numeric, 1), final_rate,
-                         round((effective_rate / final_rate)::numeric, 2)), ', ' ORDER BY name)
-FROM throttled;
+       coalesce(bool_and((rate BETWEEN :final_lo * final_rate AND :final_hi * final_rate) IS TRUE), false),
+       string_agg(format('%s %s/s of %s (%s x%s)', name, round(rate::numeric, 1), final_rate,
+                         round((rate / final_rate)::numeric, 2),
+                         CASE WHEN is_window THEN ', delivered' ELSE '' END), ', ' ORDER BY name)
+FROM settled;
 
 -- (d) the time the whole delivery took
 INSERT INTO demo_checks

@@ -83,8 +83,10 @@ CREATE TABLE ratebucket.buckets (
 	template		text,
 	-- The token reserve's batch came with 1.8.
 	reserve			int,
-	-- When the cooldown began came with 1.11, last.
+	-- When the cooldown began and how long a lock-out lasted came with
+	-- 1.11, last.
 	cooldown_from	timestamptz,
+	lockout_seconds	float8,
 	CONSTRAINT buckets_pkey PRIMARY KEY (endpoint)
 	-- No CHECK constraints, on purpose: the executor re-reads every CHECK
 	-- expression from its stored text at the start of each statement, and
@@ -179,6 +181,8 @@ COMMENT ON COLUMN ratebucket.buckets.reserve IS
 'Tokens a refill of the endpoint''s reserve in shared memory moves at most (bucket_reserve); NULL when it has none.';
 COMMENT ON COLUMN ratebucket.buckets.cooldown_from IS
 'When the cooldown ending at cooldown_until began: a 429 that locks the sender out right after it doubles its length.';
+COMMENT ON COLUMN ratebucket.buckets.lockout_seconds IS
+'How long the last lock-out kept the destination closed, in seconds (its cooldowns since the episode began); a rate must hold longer than that before it counts as one that held. NULL: no lock-out seen.';
 
 --
 -- In-flight caps: at most cap deliveries in flight per key (an account, say).

@@ -133,6 +133,7 @@ static const RbColumn rb_columns[] = {
 	COL_OPT("reserve", RB_I4N, reserve_batch),
 	/* 1.11: when the cooldown began (a lock-out doubles it) */
 	COL_OPT("cooldown_from", RB_TSN, adapt.cooldown_from),
+	COL_OPT("lockout_seconds", RB_F8N, adapt.lockout_seconds),
 };
 
 #define RB_NCOLUMNS ((int) lengthof(rb_columns))

@@ -56,6 +56,7 @@ rb_adapt_init(RbAdapt *adapt)
 	adapt->limit_burst_factor = NAN;
 	adapt->cooldown_until = RB_NO_TIME;
 	adapt->cooldown_from = RB_NO_TIME;
+	adapt->lockout_seconds = NAN;
 	adapt->at_floor_since = RB_NO_TIME;
 	adapt->paused_until = RB_NO_TIME;
 	adapt->failure_run = 0;
@@ -431,6 +432,15 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 	bool		held = adapt->factor_at != RB_NO_TIME && sent >= held_from;
 	double		keep = RB_HELD_SHORT;
 	double		fits = at_send;
+
+	/*
+	 * A destination that locked the sender out counts in a window: a level
+	 * holds there until the window fills, so it has held only once it lasted
+	 * longer than the last lock-out kept the destination closed.
+	 */
+	if (held && adapt->lockout_seconds > 0.0 &&	/* false for NaN */
+		((double) sent - (double) held_from) / RB_USECS_PER_SEC < adapt->lockout_seconds)
+		held = false;
 
 	/*
 	 * Sent once the last episode's return was over, at or above its level:

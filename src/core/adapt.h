@@ -62,6 +62,8 @@ typedef struct RbAdapt
 									 * NaN: none */
 	int64_t		cooldown_until; /* takes refused until then */
 	int64_t		cooldown_from;	/* when that cooldown (or the last) began */
+	double		lockout_seconds;	/* how long the last lock-out kept the
+									 * destination closed; NaN: none seen */
 	int64_t		at_floor_since; /* when the factor last hit the floor */
 	int64_t		paused_until;	/* paused by hand until then (may be far) */
 	int32_t		failure_run;	/* consecutive failures */

@@ -682,6 +682,8 @@ step_observe(Reader *r)
 			CHECK(isnan(row.adapt.target_factor) ? isnan(before_adapt.target_factor) :
 				  row.adapt.target_factor == before_adapt.target_factor);
 		}
+		if (locked)
+			CHECK(isfinite(row.adapt.lockout_seconds) && row.adapt.lockout_seconds >= 0.0);
 		if (locked && ra_kind == RB_RA_ABSENT && !rl.has_reset &&
 			row.adapt.cooldown_until != before_cooldown)
 			CHECK(row.adapt.cooldown_until - now <=

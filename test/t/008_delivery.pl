@@ -1,10 +1,11 @@
 # 008_delivery.pl — end to end: the demo's scenario, shorter, over real HTTP.
 #
-# demo/scenario on a server of this test's own: fifteen destinations played
-# by demo/simulator (each with its own limiter; six accept less than
-# ratebucket is configured with: 429s with Retry-After in seconds, as an
-# HTTP-date, as RateLimit headers, or with no header at all, a limit that
-# halves and comes back during the run, a pacer with no burst; besides, 5xx,
+# demo/scenario on a server of this test's own: seventeen destinations
+# played by demo/simulator (each with its own limiter; eight accept less
+# than ratebucket is configured with: 429s with Retry-After in seconds, as
+# an HTTP-date, as RateLimit headers, or with no header at all, a limit that
+# halves and comes back during the run, a pacer with no burst, windows of
+# 10 s that count refused requests too; besides, 5xx,
 # an endpoint unreachable for 10 s, a slow one), the reference dispatcher
 # (demo/dispatcher.c, 8 workers) delivering the queue of ratebucket_queue until
 # it is empty.  The assertions come from the simulator's own log of every
