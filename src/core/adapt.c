@@ -512,6 +512,31 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 }
 
 /*
+ * rb_lock_out
+ *		A 429 that locked the sender out (feedback.c: rb_locked_out), after
+ *		the longer cooldown it asked for was applied.  The rate holds where
+ *		the episode put it until that cooldown ends, then returns as the
+ *		episode set it; the burst halves, as an episode halves it: a
+ *		destination that counts in a window refuses at once every request
+ *		of a burst sent before it has room.  lockout_seconds: how long the
+ *		destination has been closed since the episode began, which
+ *		cooldowns doubling from the default add up to (twice the last, less
+ *		the default).
+ */
+void
+rb_lock_out(RbAdapt *adapt, const RbPolicy *policy, int64_t now)
+{
+	double		last = adapt->cooldown_until > now ?
+		((double) adapt->cooldown_until - (double) now) / RB_USECS_PER_SEC : 0.0;
+	double		closed = 2.0 * last -
+		(double) policy->default_cooldown / RB_USECS_PER_SEC;
+
+	adapt->burst_factor = rb_burst_curve(adapt, policy, now) * 0.5;
+	adapt->factor_at = adapt->cooldown_until > now ? adapt->cooldown_until : now;
+	adapt->lockout_seconds = closed > last ? closed : last;
+}
+
+/*
  * rb_publish_limit
  *		A rate and a burst the destination published, as factors of the
  *		ceiling and of the capacity: the rate and the burst never exceed

@@ -125,6 +125,7 @@ extern int64_t rb_clamp_cooldown(const RbPolicy *policy, double seconds);
 extern void rb_cool_down(RbState *state, RbAdapt *adapt, int64_t until);
 extern void rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy,
 								int64_t sent, int64_t now);
+extern void rb_lock_out(RbAdapt *adapt, const RbPolicy *policy, int64_t now);
 extern void rb_publish_limit(RbAdapt *adapt, double rate_factor,
 							 double burst_factor);
 extern void rb_breaker_observe(RbAdapt *adapt, const RbPolicy *policy,

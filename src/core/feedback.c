@@ -385,19 +385,7 @@ rb_feedback_observe(RbState *state, RbAdapt *adapt,
 	if (outcome == RB_OUTCOME_THROTTLED)
 	{
 		if (locked_out)
-		{
-			/*
-			 * Closed since the episode began: cooldowns that doubled from
-			 * the default sum to twice the last, less the default.
-			 */
-			double		last = ((double) adapt->cooldown_until - (double) now) /
-				RB_USECS_PER_SEC;
-			double		closed = 2.0 * last -
-				(double) policy->default_cooldown / RB_USECS_PER_SEC;
-
-			adapt->factor_at = adapt->cooldown_until;
-			adapt->lockout_seconds = closed > last ? closed : last;
-		}
+			rb_lock_out(adapt, policy, now);
 		else if (!bucket->is_quota && rb_new_episode(&before, sent, now))
 			rb_throttle_episode(adapt, policy,
 								sent != RB_NO_TIME ? sent : now, now);
