@@ -408,6 +408,59 @@ rb_cool_down(RbState *state, RbAdapt *adapt, int64_t until)
 }
 
 /*
+ * How much of the level the last episode returned to the next one keeps
+ * (rb_throttle_episode), or 0 if that level did not hold.  It held if the
+ * request was sent once the return was over: the limit lies about there,
+ * and the rate returns a little below it, the closer the longer it held (a
+ * level that only held while the destination's burst hid an excess is left
+ * in an episode or two).  But a destination that locked the sender out
+ * counts in a window, and a level holds there until the window fills: it
+ * held only once it lasted longer than the last lock-out.  And a refusal
+ * that asks for a longer wait than a token bucket would is no request that
+ * met the destination early, but a window spent until its end: no level
+ * protects the rate from it.
+ */
+static double
+rb_level_held(const RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
+			  int64_t now)
+{
+	int64_t		held_from = adapt->factor_at +
+		(int64_t) (policy->return_time * RB_USECS_PER_SEC);
+	double		seconds = ((double) sent - (double) held_from) / RB_USECS_PER_SEC;
+
+	if (adapt->factor_at == RB_NO_TIME || sent < held_from)
+		return 0.0;
+	if (adapt->lockout_seconds > 0.0 && seconds < adapt->lockout_seconds)
+		return 0.0;				/* (false for NaN) */
+	if (adapt->cooldown_until != RB_NO_TIME &&
+		adapt->cooldown_until - now > RB_TOKEN_WAIT)
+		return 0.0;
+	return RB_HELD_SHORT + (RB_HELD_LONG - RB_HELD_SHORT) *
+		(seconds < RB_HELD_SECONDS ? seconds / RB_HELD_SECONDS : 1.0);
+}
+
+/*
+ * The rate a window fits, for a refusal that asks for a longer wait than a
+ * token bucket would (a window spent until its end; else at_send): what
+ * the destination took since the last episode's cooldown ended, over that
+ * time and the wait.  The episode returns no higher (rb_throttle_episode).
+ */
+static double
+rb_window_fits(const RbAdapt *adapt, double at_send, int64_t sent, int64_t now)
+{
+	double		sending;
+	double		wait;
+
+	if (adapt->cooldown_until == RB_NO_TIME ||
+		adapt->cooldown_until - now <= RB_TOKEN_WAIT ||
+		adapt->factor_at == RB_NO_TIME || sent <= adapt->factor_at)
+		return at_send;
+	sending = (double) sent - (double) adapt->factor_at;
+	wait = (double) adapt->cooldown_until - (double) now;
+	return at_send * sending / (sending + wait);
+}
+
+/*
  * rb_throttle_episode
  *		A 429 that starts a new throttle episode: a request sent at "sent"
  *		(its send time, or "now" when unknown) was refused at "now", after
@@ -417,7 +470,8 @@ rb_cool_down(RbState *state, RbAdapt *adapt, int64_t until)
  *		cooldown is over, to return_fraction of it, or to just below the
  *		level the last episode returned to if the request was sent once that
  *		level had held (to that level itself if it held RB_HELD_SECONDS and
- *		a climb above it was refused).  The burst halves (rb_capacity_now).
+ *		a climb above it was refused; rb_level_held), never above what a
+ *		window fits (rb_window_fits).  The burst halves (rb_capacity_now).
  */
 void
 rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
@@ -427,55 +481,10 @@ rb_throttle_episode(RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 	double		burst = rb_burst_curve(adapt, policy, now);
 	double		low = at_send * policy->throttle_factor;
 	double		target = at_send * policy->return_fraction;
-	int64_t		held_from = adapt->factor_at +
-		(int64_t) (policy->return_time * RB_USECS_PER_SEC);
-	bool		held = adapt->factor_at != RB_NO_TIME && sent >= held_from;
-	double		keep = RB_HELD_SHORT;
-	double		fits = at_send;
+	double		keep = rb_level_held(adapt, policy, sent, now);
+	bool		held = keep > 0.0;
+	double		fits = rb_window_fits(adapt, at_send, sent, now);
 
-	/*
-	 * A destination that locked the sender out counts in a window: a level
-	 * holds there until the window fills, so it has held only once it lasted
-	 * longer than the last lock-out kept the destination closed.
-	 */
-	if (held && adapt->lockout_seconds > 0.0 &&	/* false for NaN */
-		((double) sent - (double) held_from) / RB_USECS_PER_SEC < adapt->lockout_seconds)
-		held = false;
-
-	/*
-	 * Sent once the last episode's return was over, at or above its level:
-	 * that level held for a while, so the limit lies about there; the rate
-	 * returns a little below it, the closer the longer it held (a level
-	 * that only held while the destination's burst hid an excess is left
-	 * in an episode or two).
-	 */
-	if (held)
-	{
-		double		seconds = ((double) sent - (double) held_from) / RB_USECS_PER_SEC;
-
-		keep += (RB_HELD_LONG - RB_HELD_SHORT) *
-			(seconds < RB_HELD_SECONDS ? seconds / RB_HELD_SECONDS : 1.0);
-	}
-	/*
-	 * A refusal that asks for a longer wait than a token bucket would is
-	 * no request that met the destination early: a window spent until its
-	 * end.  The level that held does not protect the rate then; what the
-	 * destination took since the last episode's cooldown ended, in that
-	 * time and the wait, is the rate that fits its window: the rate returns
-	 * no higher (and no lower than it drops to, throttle_factor of it).
-	 */
-	if (adapt->cooldown_until != RB_NO_TIME &&
-		adapt->cooldown_until - now > RB_TOKEN_WAIT)
-	{
-		held = false;
-		if (adapt->factor_at != RB_NO_TIME && sent > adapt->factor_at)
-		{
-			double		sending = (double) sent - (double) adapt->factor_at;
-			double		wait = (double) adapt->cooldown_until - (double) now;
-
-			fits = at_send * sending / (sending + wait);
-		}
-	}
 	if (held && !isnan(adapt->target_factor) &&
 		adapt->target_factor <= at_send && adapt->target_factor * keep > target)
 	{

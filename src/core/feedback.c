@@ -324,6 +324,24 @@ rb_count_answer(RbFeedbackCounters *counters, RbOutcome outcome,
 }
 
 /*
+ * The rate, on a 429: once per throttle episode.  A lock-out belongs to the
+ * episode whose cooldown it follows: the rate holds where that episode put
+ * it until the longer cooldown ends, then returns as it would have
+ * (rb_lock_out).
+ */
+static void
+rb_observe_throttle(RbAdapt *adapt, const RbPolicy *policy,
+					const RbAdapt *before, bool is_quota, bool locked_out,
+					int64_t sent, int64_t now, RbFeedbackCounters *counters)
+{
+	if (locked_out)
+		rb_lock_out(adapt, policy, now);
+	else if (!is_quota && rb_new_episode(before, sent, now))
+		rb_throttle_episode(adapt, policy, sent != RB_NO_TIME ? sent : now, now);
+	counters->throttles++;
+}
+
+/*
  * rb_feedback_observe
  *		Apply what a destination answered at "now" (now_unix: the same
  *		instant in Unix seconds, for HTTP-dates) to a bucket's state,
@@ -377,20 +395,9 @@ rb_feedback_observe(RbState *state, RbAdapt *adapt,
 			counters->cooldowns++;
 	}
 
-	/*
-	 * The rate: once per throttle episode.  A lock-out belongs to the
-	 * episode whose cooldown it follows: the rate holds where that episode
-	 * put it until the longer cooldown ends, then returns as it would have.
-	 */
 	if (outcome == RB_OUTCOME_THROTTLED)
-	{
-		if (locked_out)
-			rb_lock_out(adapt, policy, now);
-		else if (!bucket->is_quota && rb_new_episode(&before, sent, now))
-			rb_throttle_episode(adapt, policy,
-								sent != RB_NO_TIME ? sent : now, now);
-		counters->throttles++;
-	}
+		rb_observe_throttle(adapt, policy, &before, bucket->is_quota,
+							locked_out, sent, now, counters);
 
 	/*
 	 * What the destination says is left of its window: never hold more
