@@ -414,8 +414,9 @@ rb_cool_down(RbState *state, RbAdapt *adapt, int64_t until)
  * and the rate returns a little below it, the closer the longer it held (a
  * level that only held while the destination's burst hid an excess is left
  * in an episode or two).  But a destination that locked the sender out
- * counts in a window, and a level holds there until the window fills: it
- * held only once it lasted longer than the last lock-out.  And a refusal
+ * counts in a window, and a level holds there until the window fills, as
+ * long as the window lasts: it held only once it outlasted the time the
+ * destination stayed closed and RB_HELD_SECONDS more.  And a refusal
  * that asks for a longer wait than a token bucket would is no request that
  * met the destination early, but a window spent until its end: no level
  * protects the rate from it.
@@ -430,8 +431,9 @@ rb_level_held(const RbAdapt *adapt, const RbPolicy *policy, int64_t sent,
 
 	if (adapt->factor_at == RB_NO_TIME || sent < held_from)
 		return 0.0;
-	if (adapt->lockout_seconds > 0.0 && seconds < adapt->lockout_seconds)
-		return 0.0;				/* (false for NaN) */
+	if (adapt->lockout_seconds > 0.0 &&	/* false for NaN */
+		seconds < RB_HELD_SECONDS + adapt->lockout_seconds)
+		return 0.0;
 	if (adapt->cooldown_until != RB_NO_TIME &&
 		adapt->cooldown_until - now > RB_TOKEN_WAIT)
 		return 0.0;
