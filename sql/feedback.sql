@@ -398,7 +398,7 @@ SELECT effective_rate, throttles, cooldowns FROM ratebucket.bucket_status WHERE 
 -- How long the destination stayed closed since the episode began: twice
 -- the last cooldown less the default, what cooldowns doubling from the
 -- default add up to (1.8 s here, where max_cooldown held the last to 1 s).
--- A level must hold longer than that before it counts as one that held.
+-- A level must hold that long and 10 s more before it counts as one that held.
 SELECT round(lockout_seconds::numeric, 1) AS lockout_seconds FROM ratebucket.buckets WHERE endpoint = 'l:window';
 -- Out of the lock-out, the rate returns as the episode set it: 7/s at the
 -- end of the last cooldown, 0.85 of 10/s two seconds (return_time) later.

@@ -182,7 +182,7 @@ COMMENT ON COLUMN ratebucket.buckets.reserve IS
 COMMENT ON COLUMN ratebucket.buckets.cooldown_from IS
 'When the cooldown ending at cooldown_until began: a 429 that locks the sender out right after it doubles its length.';
 COMMENT ON COLUMN ratebucket.buckets.lockout_seconds IS
-'How long the last lock-out kept the destination closed, in seconds (its cooldowns since the episode began); a rate must hold longer than that before it counts as one that held. NULL: no lock-out seen.';
+'How long the last lock-out kept the destination closed, in seconds (its cooldowns since the episode began); a rate must hold that long and 10 s more before it counts as one that held. NULL: no lock-out seen.';
 
 --
 -- In-flight caps: at most cap deliveries in flight per key (an account, say).
