@@ -1372,13 +1372,14 @@ answer_arrays(Worker *w, int n)
     for (int i = 0; i < n; i++)
     {
         const Request *r = &w->requests[i];
+        const char *lease;
+        double before_end;
+        char status[24], sent_at[64];
 
         if (!r->take)
             continue;
-        const char *lease = PQgetvalue(w->batch, r->row, COL_LEASE);
-        double before_end = opt.lease_seconds - (r->sent_mono - w->claimed_mono);
-        char status[24], sent_at[64];
-
+        lease = PQgetvalue(w->batch, r->row, COL_LEASE);
+        before_end = opt.lease_seconds - (r->sent_mono - w->claimed_mono);
         snprintf(status, sizeof(status), "%ld", r->status);
         array_elem(&w->arrays[A_ID], PQgetvalue(w->batch, r->row, COL_ID));
         array_elem(&w->arrays[A_STATUS], r->status > 0 ? status : NULL);
